@@ -1,0 +1,31 @@
+# Two commands matter: `make run` (the quickstart) and `make test`. Everything installs from this
+# checkout into .venv, which later runs reuse (it is rebuilt when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+LBCTL  := $(VENV)/bin/lbctl
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv crds lint
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[trainer,dev]"
+	touch $@
+
+venv: $(STAMP)
+
+run: venv
+	$(LBCTL) plan examples/quickstart.yaml
+
+test: venv
+	$(PY) -m pytest
+
+crds: venv
+	$(LBCTL) crd > crds/largebatchjobs.largebatch.io.yaml
+
+lint: venv
+	$(VENV)/bin/ruff check operator trainer_image tests benchmarks
+	$(VENV)/bin/ruff format --check operator trainer_image tests benchmarks

@@ -1,0 +1,5 @@
+"""`python -m largebatch` is `lbctl`."""
+
+from largebatch.cli import main
+
+main()

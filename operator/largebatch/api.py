@@ -1,0 +1,486 @@
+"""The LargeBatchJob API (`largebatch.io/v1alpha1`): the single source of truth for the CRD.
+
+Every field's docstring becomes its `description` in the CRD, so `kubectl explain` shows it. Cross-field
+rules are declared once as `Rule`s: the CRD carries them as CEL (`x-kubernetes-validations`, checked by
+the API server at `kubectl apply`) and pydantic checks the same rule in Python (the CLI and the local
+runner), so a job file is judged the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "largebatch.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LargeBatchJob"
+PLURAL = "largebatchjobs"
+SHORT_NAME = "lbj"
+# Worker pods are named `<job>-worker-<n>`; their names must stay valid DNS labels (63 characters).
+MAX_NAME_LENGTH = 50
+
+
+class Rule(NamedTuple):
+    """A cross-field rule: `cel` for the API server, `check` for Python, one `message` for both."""
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    got: Callable[[Any], str]
+    field_path: str | None = None
+
+
+class _Model(BaseModel):
+    """Base for API objects: camelCase on the wire, unknown fields rejected, docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self, info: ValidationInfo) -> _Model:
+        if info.context and info.context.get("skip_rules"):  # to compare the rules with their CEL
+            return self
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(f"{rule.message} (got {rule.got(self)})")
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):  # noqa: ANN001 - pydantic hook
+        schema = handler(core_schema)
+        if cls.rules:
+            target = handler.resolve_ref_schema(schema)
+            target["x-kubernetes-validations"] = [
+                {"rule": r.cel, "message": r.message} | ({"fieldPath": r.field_path} if r.field_path else {})
+                for r in cls.rules
+            ]
+        return schema
+
+
+def _sub(model: type[_Model]) -> Any:
+    """A nested block that may be omitted: it then takes its own defaults (also in the API server)."""
+    return Field(default_factory=model, json_schema_extra={"default": {}})
+
+
+# A Kubernetes resource quantity ("500m", "4Gi", 2).
+Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+# Free-form objects kept as written (task arguments, node affinity).
+FreeForm = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+
+
+# --- task -----------------------------------------------------------------------------------------
+
+
+class TaskSpec(_Model):
+    """What to train: user code that returns the model, the dataset and the loss."""
+
+    entrypoint: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=253)
+    """Python callable as `module:callable`, for example `largebatch_trainer.tasks:pylm`."""
+    args: FreeForm = Field(default_factory=dict)
+    """Free-form keyword arguments passed to the entrypoint (model width, depth, data options)."""
+
+
+# --- workers --------------------------------------------------------------------------------------
+
+
+class Toleration(_Model):
+    """A pod toleration, as in `core/v1`."""
+
+    key: str | None = None
+    """Taint key the toleration applies to; empty with operator Exists matches every key."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """`Equal` (default) compares `value`; `Exists` matches any value."""
+    value: str | None = None
+    """Taint value to match when operator is Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all effects."""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class PodOverrides(_Model):
+    """Scheduling settings merged into every worker pod."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels a worker pod requires."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    """Tolerations added to every worker pod."""
+    affinity: FreeForm | None = None
+    """A `core/v1` Affinity for every worker pod (node, pod and anti-affinity)."""
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    """PriorityClass of the worker pods."""
+
+
+class Resources(_Model):
+    """Container resources of a worker, as in `core/v1` ResourceRequirements."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Resources the scheduler reserves, for example `cpu: 8`, `memory: 64Gi`."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Upper limits; the accelerator count is set from `devicesPerWorker` and needs no entry here."""
+
+
+class WorkersSpec(_Model):
+    """The elastic worker group: one pod (torchrun agent) per worker."""
+
+    min: int = Field(default=1, ge=1, le=4096)
+    """Fewest workers the job runs with; below this it waits."""
+    max: int = Field(default=1, ge=1, le=4096)
+    """Most workers the job may use; more workers lower the gradient accumulation."""
+    devices_per_worker: int = Field(default=1, ge=1, le=64)
+    """Processes (devices) per worker, `torchrun --nproc-per-node`."""
+    accelerator: Literal["nvidia.com/gpu", "google.com/tpu", "none"] = "nvidia.com/gpu"
+    """Extended resource requested per device, or `none` to train on CPU."""
+    resources: Resources | None = None
+    """Container resources of each worker besides the accelerator."""
+    pod: PodOverrides = _sub(PodOverrides)
+    """Scheduling overrides for the worker pods."""
+
+    rules = (
+        Rule(
+            "self.min <= self.max",
+            "workers.min must be <= workers.max: raise workers.max or lower workers.min",
+            lambda s: s.min <= s.max,
+            lambda s: f"min={s.min}, max={s.max}",
+            ".min",
+        ),
+    )
+
+
+# --- batch ----------------------------------------------------------------------------------------
+
+
+class SeesawSpec(_Model):
+    """Seesaw (arXiv 2510.14717): where the decay would cut the LR by `factor`, cut it by sqrt(factor)
+    and multiply the batch by `batchFactor` instead."""
+
+    factor: float = Field(default=2.0, gt=1.0, le=16.0)
+    """LR decay step that triggers a cut (alpha): a cut happens each time the base decay falls by it."""
+    batch_factor: float | None = Field(default=None, gt=1.0, le=16.0)
+    """Batch growth per cut (beta); defaults to `factor`. Must not exceed `factor` (stability needs
+    LR factor sqrt(alpha) >= sqrt(beta))."""
+
+    rules = (
+        Rule(
+            "!has(self.batchFactor) || self.batchFactor <= self.factor",
+            "seesaw.batchFactor must be <= seesaw.factor: a faster batch ramp is past the Seesaw stability "
+            "limit (LR factor sqrt(factor) must be >= sqrt(batchFactor)); lower batchFactor",
+            lambda s: s.batch_factor is None or s.batch_factor <= s.factor,
+            lambda s: f"batchFactor={s.batch_factor}, factor={s.factor}",
+            ".batchFactor",
+        ),
+    )
+
+    @property
+    def growth(self) -> float:
+        return self.batch_factor if self.batch_factor is not None else self.factor
+
+
+class LinearRampSpec(_Model):
+    """Megatron-style ramp: the batch grows from `batch.initial` by `increment` up to `batch.max`,
+    evenly over the first `rampSamples` samples."""
+
+    increment: int = Field(ge=1)
+    """Samples added to the global batch at each ramp step."""
+    ramp_samples: int = Field(ge=1)
+    """Samples over which the batch ramps from initial to max."""
+
+
+class CriticalBatchSpec(_Model):
+    """Follow the critical batch size: the batch moves to `multiplier` x the measured gradient noise
+    scale (McCandlish et al. 2018), on a grid of powers of `growthFactor`, never down."""
+
+    multiplier: float = Field(default=1.0, gt=0.0, le=100.0)
+    """Target batch as a multiple of the smoothed gradient noise scale B_simple."""
+    growth_factor: float = Field(default=2.0, gt=1.0, le=16.0)
+    """The batch is `batch.initial` times a power of this factor."""
+    smoothing: float = Field(default=0.95, ge=0.0, lt=1.0)
+    """EMA coefficient for the noise-scale estimates (higher is smoother)."""
+    min_steps_between_changes: int = Field(default=100, ge=1)
+    """Optimizer steps that must pass between two batch changes."""
+
+
+class PolicySpec(_Model):
+    """How the global batch changes during training."""
+
+    type: Literal["constant", "linearRamp", "seesaw", "criticalBatch"] = "constant"
+    """The batch policy; its settings block of the same name applies."""
+    seesaw: SeesawSpec = _sub(SeesawSpec)
+    """Settings of the `seesaw` policy."""
+    linear_ramp: LinearRampSpec | None = None
+    """Settings of the `linearRamp` policy (required for it)."""
+    critical_batch: CriticalBatchSpec = _sub(CriticalBatchSpec)
+    """Settings of the `criticalBatch` policy."""
+
+    rules = (
+        Rule(
+            "self.type != 'linearRamp' || has(self.linearRamp)",
+            "batch.policy.linearRamp is required when batch.policy.type is linearRamp: "
+            "add linearRamp.increment and linearRamp.rampSamples",
+            lambda s: s.type != "linearRamp" or s.linear_ramp is not None,
+            lambda s: f"type={s.type}, linearRamp missing",
+        ),
+    )
+
+
+class BatchSpec(_Model):
+    """Global batch, in samples, and how it changes."""
+
+    initial: int = Field(ge=1)
+    """Global batch at the start of training."""
+    max: int = Field(ge=1)
+    """Largest global batch the policy may reach."""
+    micro_batch_per_device: int = Field(ge=1)
+    """Largest micro-batch one device holds; gradient accumulation covers the rest."""
+    policy: PolicySpec = _sub(PolicySpec)
+    """The batch policy."""
+
+    rules = (
+        Rule(
+            "self.initial <= self.max",
+            "batch.initial must be <= batch.max: raise batch.max or lower batch.initial",
+            lambda s: s.initial <= s.max,
+            lambda s: f"initial={s.initial}, max={s.max}",
+            ".initial",
+        ),
+        Rule(
+            "self.policy.type != 'linearRamp' || !has(self.policy.linearRamp) || "
+            "(self.max - self.initial) % self.policy.linearRamp.increment == 0",
+            "batch.max - batch.initial must be a multiple of batch.policy.linearRamp.increment: "
+            "pick an increment that divides the difference",
+            lambda s: (
+                s.policy.type != "linearRamp"
+                or s.policy.linear_ramp is None
+                or (s.max - s.initial) % s.policy.linear_ramp.increment == 0
+            ),
+            lambda s: (
+                f"max-initial={s.max - s.initial}, "
+                f"increment={s.policy.linear_ramp.increment if s.policy.linear_ramp else None}"
+            ),
+            ".policy.linearRamp.increment",
+        ),
+    )
+
+
+# --- optimizer and schedule -----------------------------------------------------------------------
+
+
+class OptimizerSpec(_Model):
+    """The optimizer and how its LR follows the batch."""
+
+    name: Literal["sgd", "adamw", "lamb", "lars"] = "adamw"
+    """`sgd` (with momentum) and `adamw` from torch; `lamb` and `lars` from pytorch-optimizer."""
+    lr: float = Field(gt=0.0, le=100.0)
+    """Peak learning rate, tuned at global batch `baseBatch`."""
+    base_batch: int | None = Field(default=None, ge=1)
+    """Global batch at which `lr` was tuned; defaults to `batch.initial`."""
+    scaling: Literal["linear", "sqrt", "none"] = "linear"
+    """How the LR follows the batch: lr x (B/baseBatch) (Goyal et al.), lr x sqrt(B/baseBatch), or lr."""
+    weight_decay: float = Field(default=0.0, ge=0.0, le=10.0)
+    """Decoupled weight decay (not rescaled with the batch); bias and norm parameters are exempt."""
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Momentum of `sgd` and `lars`."""
+    betas: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
+        default_factory=lambda: [0.9, 0.999],
+        min_length=2,
+        max_length=2,
+        json_schema_extra={"default": [0.9, 0.999]},
+    )
+    """Moment coefficients (beta1, beta2) of `adamw` and `lamb`."""
+    eps: float = Field(default=1e-8, gt=0.0, le=1.0)
+    """Denominator epsilon of `adamw` and `lamb`."""
+
+
+class ScheduleSpec(_Model):
+    """The training budget and the LR schedule of the base (constant-batch) run."""
+
+    total_samples: int = Field(ge=1)
+    """Samples to train on in total (the data budget)."""
+    warmup_samples: int = Field(default=0, ge=0)
+    """Samples over which the LR rises linearly to its peak (gradual warmup, Goyal et al.)."""
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay of the LR multiplier from 1 to `minLrRatio` over the samples after warmup."""
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Final LR as a fraction of the peak."""
+
+    rules = (
+        Rule(
+            "self.warmupSamples < self.totalSamples",
+            "schedule.warmupSamples must be < schedule.totalSamples: shorten the warmup",
+            lambda s: s.warmup_samples < s.total_samples,
+            lambda s: f"warmupSamples={s.warmup_samples}, totalSamples={s.total_samples}",
+            ".warmupSamples",
+        ),
+    )
+
+
+class CheckpointSpec(_Model):
+    """Where and how often the trainer checkpoints; every restart resumes from the newest one."""
+
+    path: str = Field(default="/var/lib/largebatch/checkpoints", min_length=1, max_length=1024)
+    """Directory of the checkpoints (shared by all workers)."""
+    claim_name: str | None = Field(default=None, max_length=253)
+    """PersistentVolumeClaim mounted at `path` in every worker pod (Kubernetes only)."""
+    every_steps: int = Field(default=200, ge=1)
+    """Optimizer steps between checkpoints (one is also taken on SIGTERM)."""
+    keep: int = Field(default=2, ge=1, le=100)
+    """Newest checkpoints kept; older ones are deleted."""
+
+
+class MetricsSpec(_Model):
+    """Prometheus metrics served by every worker."""
+
+    port: int = Field(default=9404, ge=1024, le=65535)
+    """Port of the `/metrics` endpoint in each worker."""
+
+
+class LargeBatchJobSpec(_Model):
+    """Desired state of a LargeBatchJob."""
+
+    image: str = Field(min_length=1, max_length=1024)
+    """Trainer container image (built from `trainer_image/Dockerfile`)."""
+    task: TaskSpec
+    """The training task."""
+    workers: WorkersSpec = _sub(WorkersSpec)
+    """The elastic worker group."""
+    batch: BatchSpec
+    """Global batch and its policy."""
+    optimizer: OptimizerSpec
+    """Optimizer and LR scaling rule."""
+    schedule: ScheduleSpec
+    """Data budget and LR schedule."""
+    checkpoint: CheckpointSpec = _sub(CheckpointSpec)
+    """Checkpointing."""
+    metrics: MetricsSpec = _sub(MetricsSpec)
+    """Metrics endpoint."""
+
+    rules = (
+        Rule(
+            "self.batch.policy.type != 'seesaw' || self.schedule.decay != 'constant'",
+            "batch.policy.type seesaw needs a decaying schedule: set schedule.decay to cosine or linear",
+            lambda s: s.batch.policy.type != "seesaw" or s.schedule.decay != "constant",
+            lambda s: f"decay={s.schedule.decay}",
+            ".schedule.decay",
+        ),
+    )
+
+    @property
+    def base_batch(self) -> int:
+        return self.optimizer.base_batch or self.batch.initial
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+class WorkersStatus(_Model):
+    """Worker counts as the operator sees them."""
+
+    desired: int | None = Field(default=None, ge=0)
+    """Workers the controller wants for the current batch."""
+    ready: int | None = Field(default=None, ge=0)
+    """Worker pods running and ready."""
+    pending: int | None = Field(default=None, ge=0)
+    """Worker pods waiting to be scheduled."""
+    capacity_cap: int | None = Field(default=None, ge=0)
+    """Most workers the cluster could place, when known (unschedulable pods lower it)."""
+
+
+class PlanStatus(_Model):
+    """The plan of the current optimizer step."""
+
+    global_batch: int | None = None
+    """Global batch in samples."""
+    micro_batch: int | None = None
+    """Largest micro-batch per device."""
+    accumulation_steps: int | None = None
+    """Micro-steps per optimizer step."""
+    world_size: int | None = None
+    """Training processes (devices) in total."""
+    lr: float | None = None
+    """Learning rate."""
+    policy_phase: str | None = Field(default=None, max_length=64)
+    """Phase of the batch policy (warmup, cut 2, ramp 3/8, ...)."""
+
+
+class ProgressStatus(_Model):
+    """Training progress as rank 0 last reported it."""
+
+    step: int | None = None
+    """Optimizer steps taken."""
+    samples: int | None = None
+    """Samples consumed."""
+    tokens: int | None = None
+    """Tokens consumed (sequence tasks)."""
+    loss: float | None = None
+    """Training loss of the last step (mean per sample)."""
+    noise_scale: float | None = None
+    """Smoothed gradient noise scale B_simple."""
+    samples_per_second: float | None = None
+    """Training throughput."""
+    time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When rank 0 reported this."""
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(max_length=316)
+    """Condition type (Ready, Rescaling, CapacityLimited, InvalidSpec, ...)."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition status."""
+    reason: str | None = Field(default=None, max_length=1024)
+    """One-word CamelCase reason."""
+    message: str | None = Field(default=None, max_length=32768)
+    """Human-readable details."""
+    last_transition_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the status last changed."""
+    observed_generation: int | None = None
+    """The spec generation this condition is about."""
+
+
+class LargeBatchJobStatus(_Model):
+    """Observed state of a LargeBatchJob; the operator's memory across restarts."""
+
+    phase: Literal["Pending", "Running", "Rescaling", "Succeeded", "Failed"] | None = None
+    """Lifecycle phase."""
+    observed_generation: int | None = None
+    """The spec generation the operator last acted on."""
+    workers: WorkersStatus | None = None
+    """Worker counts."""
+    plan: PlanStatus | None = None
+    """Plan of the current step."""
+    progress: ProgressStatus | None = None
+    """Progress reported by rank 0."""
+    rescales: int | None = None
+    """Times the worker group was resized."""
+    conditions: list[Condition] = Field(default_factory=list, max_length=32)
+    """Conditions."""
+
+
+class ObjectMeta(BaseModel):
+    """The metadata a job file needs; everything else in it is kept as written."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class LargeBatchJob(_Model):
+    """A LargeBatchJob manifest as written in a job file."""
+
+    api_version: Literal["largebatch.io/v1alpha1"]
+    kind: Literal["LargeBatchJob"]
+    metadata: ObjectMeta
+    spec: LargeBatchJobSpec
+    status: LargeBatchJobStatus | None = None

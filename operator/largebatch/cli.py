@@ -1,0 +1,111 @@
+"""`lbctl`: the command line. A thin shell: it reads files, calls the core, and renders the result."""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from largebatch import jobfile, plan_report
+
+app = typer.Typer(
+    help="largebatch: large-batch PyTorch training with an adaptive global batch.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+JobPath = Annotated[Path, typer.Argument(help="A LargeBatchJob YAML file.", show_default=False)]
+
+
+def _load(path: Path):
+    try:
+        return jobfile.load(path)
+    except jobfile.JobFileError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def plan(
+    job: JobPath,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Plan for a capacity of at most this many workers.")
+    ] = None,
+    noise_scale: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="criticalBatch: the gradient noise scale to assume throughout."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw batch and LR against samples to this PNG.")] = None,
+) -> None:
+    """Show the schedule a job will follow: batch, LR, workers and steps per phase."""
+    manifest = _load(job)
+    spec = manifest.spec
+    result = plan_report.report(spec, capacity=workers, noise_scale=noise_scale)
+    if plot is not None:
+        from largebatch.plot import plot_plan
+
+        plot_plan(spec, plot, title=f"{manifest.metadata.name}: planned batch and LR", noise_scale=noise_scale)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    total = spec.schedule.total_samples
+    table = Table(
+        title=f"{manifest.metadata.name}: {spec.batch.policy.type} plan, {total:,} samples",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for column in ("Phase", "Samples %", "Batch", "LR", "Workers", "Micro×acc", "Steps"):
+        table.add_column(column, justify="left" if column == "Phase" else "right", no_wrap=True)
+    for row in result.rows:
+        p = row.phase
+        lr = f"{p.lr_start:.3g}" if p.lr_start == p.lr_end else f"{p.lr_start:.3g}→{p.lr_end:.3g}"
+        table.add_row(
+            p.label,
+            f"{100 * p.start / total:.1f}–{100 * p.end / total:.1f}",
+            f"{p.global_batch:,}",
+            lr,
+            f"{row.workers}×{spec.workers.devices_per_worker}",
+            f"{row.micro_batch}×{row.accumulation_steps}",
+            f"{p.steps:,}",
+        )
+    console.print(table)
+    changes = [b.phase for a, b in pairwise(result.rows) if b.phase.global_batch != a.phase.global_batch]
+    if changes:
+        warmup, after = spec.schedule.warmup_samples, total - spec.schedule.warmup_samples
+        at = ", ".join(f"{(p.start - warmup) / after:.1%}" for p in changes)
+        console.print(f"Batch increases at {at} of the samples after warmup.")
+    console.print(
+        f"Serial optimizer steps: [bold]{result.serial_steps:,}[/] against "
+        f"{result.baseline_serial_steps:,} at constant batch {spec.batch.initial:,} with the same decay: "
+        f"[bold]{result.saving:.1%}[/] fewer."
+    )
+    if spec.batch.policy.type == "criticalBatch" and noise_scale is None:
+        console.print("criticalBatch follows the measured noise scale; pass --noise-scale to assume one.")
+    if plot is not None:
+        console.print(f"Plot written to {plot}")
+
+
+@app.command()
+def crd() -> None:
+    """Print the LargeBatchJob CustomResourceDefinition (generated from the API models)."""
+    from largebatch.crd import crd_yaml
+
+    typer.echo(crd_yaml(), nl=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""The schedule core: the global batch and learning rate of every optimizer step. Pure: no I/O, no torch.
+
+- `plan(spec, progress)`: batch and LR of the next step, from the samples consumed so far (and, for the
+  `criticalBatch` policy, the smoothed gradient noise scale and the policy's own state in `progress`).
+- `advance(progress, plan)`: the progress after that step.
+- `split(global_batch, world_size, max_micro_batch)`: per-rank micro-batches and accumulation steps.
+- `desired_workers(spec, global_batch, capacity)`: the worker count that brings accumulation to 1.
+- `phases(spec)`: the whole run as phases of constant batch, with exact optimizer step counts.
+
+The trainer, the controller and `lbctl plan` all call these functions, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from largebatch.api import LargeBatchJobSpec, PolicySpec, ScheduleSpec
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far training got, plus the state the batch policy carries from step to step."""
+
+    samples: int = 0
+    """Samples consumed by the optimizer steps taken so far."""
+    step: int = 0
+    """Optimizer steps taken so far."""
+    batch: int | None = None
+    """Global batch the policy chose for the last step (None before the first step)."""
+    last_change_step: int = 0
+    """Step at which the policy last changed the batch."""
+    noise_scale: float | None = None
+    """Smoothed gradient noise scale B_simple, when measured."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of one optimizer step."""
+
+    global_batch: int
+    """Samples this step takes: the policy's batch, cut short only by the end of the data budget."""
+    lr: float
+    """Learning rate of this step."""
+    phase: str
+    """Phase of the batch policy, for people (warmup, cut 2/6, ramp 3/8, ...)."""
+    policy_batch: int
+    """The batch the policy asks for; the LR rule and the policy state use this one."""
+
+
+def plan(spec: LargeBatchJobSpec, progress: Progress) -> Plan:
+    """Global batch and LR of the step after `progress`."""
+    total = spec.schedule.total_samples
+    if progress.samples >= total:
+        raise ValueError(f"training is complete: {progress.samples} of {total} samples consumed")
+    policy = spec.batch.policy
+    if policy.type == "seesaw":
+        cuts = seesaw_cuts(spec)
+        k = sum(1 for c in cuts if c <= progress.samples)
+        batch, lr_multiplier = _seesaw_levels(spec, len(cuts))[k]
+        lr = spec.optimizer.lr * _lr_rule(spec, spec.batch.initial) * lr_multiplier
+        phase = f"cut {k}/{len(cuts)}"
+    else:
+        if policy.type == "linearRamp":
+            level, levels = _ramp_level(spec, progress.samples)
+            batch = spec.batch.initial + level * policy.linear_ramp.increment
+            phase = f"ramp {level}/{levels}"
+        elif policy.type == "criticalBatch":
+            batch = _critical_batch(spec, progress)
+            phase = "critical"
+        else:
+            batch = spec.batch.initial
+            phase = "constant"
+        lr = spec.optimizer.lr * _lr_rule(spec, batch) * decay_multiplier(spec.schedule, progress.samples)
+    warmup = spec.schedule.warmup_samples
+    if progress.samples < warmup:
+        # Gradual warmup (Goyal et al.): the LR reaches its peak with the step that ends the warmup.
+        lr *= min(1.0, (progress.samples + batch) / warmup)
+        phase = "warmup"
+    return Plan(global_batch=min(batch, total - progress.samples), lr=lr, phase=phase, policy_batch=batch)
+
+
+def advance(progress: Progress, step_plan: Plan) -> Progress:
+    """The progress after taking the step `step_plan` describes."""
+    changed = progress.batch is not None and step_plan.policy_batch != progress.batch
+    return replace(
+        progress,
+        samples=progress.samples + step_plan.global_batch,
+        step=progress.step + 1,
+        batch=step_plan.policy_batch,
+        last_change_step=progress.step if changed else progress.last_change_step,
+    )
+
+
+# --- learning rate --------------------------------------------------------------------------------
+
+
+def _lr_rule(spec: LargeBatchJobSpec, batch: int) -> float:
+    ratio = batch / spec.base_batch
+    return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[spec.optimizer.scaling]
+
+
+def decay_multiplier(schedule: ScheduleSpec, samples: int) -> float:
+    """The base schedule's LR multiplier after `samples`: 1 until warmup ends, then down to minLrRatio."""
+    span = schedule.total_samples - schedule.warmup_samples
+    t = min(1.0, max(0.0, (samples - schedule.warmup_samples) / span))
+    r = schedule.min_lr_ratio
+    if schedule.decay == "cosine":
+        return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * t))
+    if schedule.decay == "linear":
+        return 1.0 - (1.0 - r) * t
+    return 1.0
+
+
+# --- seesaw ---------------------------------------------------------------------------------------
+
+# Cuts far beyond any real run (factor 2: the 64th cut divides the LR by 2**64).
+_MAX_CUTS = 64
+
+
+def seesaw_cuts(spec: LargeBatchJobSpec) -> tuple[int, ...]:
+    """Sample counts at which the Seesaw cuts happen: cut k at the first sample after warmup where the
+    base decay has fallen to factor**-k or below, for the cuts at or above minLrRatio within the run."""
+    s = spec.schedule
+    return _cuts(s.total_samples, s.warmup_samples, s.decay, s.min_lr_ratio, spec.batch.policy.seesaw.factor)
+
+
+@lru_cache(maxsize=256)
+def _cuts(total: int, warmup: int, decay: str, min_lr_ratio: float, factor: float) -> tuple[int, ...]:
+    schedule = ScheduleSpec(total_samples=total, warmup_samples=warmup, decay=decay, min_lr_ratio=min_lr_ratio)
+    cuts: list[int] = []
+    for k in range(1, _MAX_CUTS + 1):
+        target = factor**-k
+        t = _decay_inverse(schedule, target)
+        if t is None:
+            break
+        # The closed form lands within a sample of the answer; step to the exact first sample so that
+        # the cut agrees with decay_multiplier() bit for bit.
+        c = warmup + math.ceil(t * (total - warmup))
+        while c > warmup and decay_multiplier(schedule, c - 1) <= target:
+            c -= 1
+        while c < total and decay_multiplier(schedule, c) > target:
+            c += 1
+        if c >= total:
+            break
+        cuts.append(c)
+    return tuple(cuts)
+
+
+def _decay_inverse(schedule: ScheduleSpec, multiplier: float) -> float | None:
+    """Fraction of the post-warmup samples at which the base decay reaches `multiplier`, if it does."""
+    r = schedule.min_lr_ratio
+    if multiplier < r or schedule.decay == "constant":
+        return None
+    if schedule.decay == "cosine":
+        x = 2.0 * (multiplier - r) / (1.0 - r) - 1.0
+        return math.acos(max(-1.0, min(1.0, x))) / math.pi
+    return (1.0 - multiplier) / (1.0 - r)
+
+
+def _seesaw_levels(spec: LargeBatchJobSpec, cuts: int) -> list[tuple[int, float]]:
+    """(batch, LR multiplier) after 0..cuts cuts. A cut that grows the batch by g multiplies the LR by
+    sqrt(g)/factor: by factor**-0.5 for a full batch step, by 1/factor once the batch is at its max.
+    Stability (LR divisor factor/sqrt(g) >= sqrt(g)) needs g <= factor, so a batch rounded to whole
+    samples is rounded down where rounding to nearest would grow it by more than `factor`."""
+    seesaw = spec.batch.policy.seesaw
+    levels = [(spec.batch.initial, 1.0)]
+    for k in range(1, cuts + 1):
+        previous, multiplier = levels[-1]
+        ideal = min(spec.batch.max, round(spec.batch.initial * seesaw.growth**k))
+        batch = max(previous, min(ideal, math.floor(previous * seesaw.factor)))
+        levels.append((batch, multiplier * math.sqrt(batch / previous) / seesaw.factor))
+    return levels
+
+
+# --- linear ramp and critical batch ---------------------------------------------------------------
+
+
+def _ramp_level(spec: LargeBatchJobSpec, samples: int) -> tuple[int, int]:
+    """(level, levels) of the Megatron-style ramp: level i starts after i/levels of rampSamples."""
+    ramp = spec.batch.policy.linear_ramp
+    levels = (spec.batch.max - spec.batch.initial) // ramp.increment
+    if levels == 0:
+        return 0, 0
+    return min(levels, samples * levels // ramp.ramp_samples), levels
+
+
+def _ramp_level_start(spec: LargeBatchJobSpec, level: int, levels: int) -> int:
+    return -(-level * spec.batch.policy.linear_ramp.ramp_samples // levels)
+
+
+def _critical_target(spec: LargeBatchJobSpec, noise_scale: float) -> int:
+    """multiplier x noise scale, rounded down to batch.initial x growthFactor**k, capped at batch.max."""
+    cb, b0 = spec.batch.policy.critical_batch, spec.batch.initial
+    target = cb.multiplier * noise_scale
+    if target < b0:
+        return b0
+    k_max = math.ceil(math.log(spec.batch.max / b0, cb.growth_factor)) if spec.batch.max > b0 else 0
+    k = min(k_max, math.floor(math.log(target / b0, cb.growth_factor) + 1e-9))
+    return min(spec.batch.max, round(b0 * cb.growth_factor**k))
+
+
+def _critical_batch(spec: LargeBatchJobSpec, progress: Progress) -> int:
+    current = progress.batch or spec.batch.initial
+    min_steps = spec.batch.policy.critical_batch.min_steps_between_changes
+    if (
+        progress.noise_scale is None
+        or progress.samples < spec.schedule.warmup_samples  # early estimates are noise
+        or progress.step - progress.last_change_step < min_steps
+    ):
+        return current
+    return max(current, _critical_target(spec, progress.noise_scale))
+
+
+# --- splitting a batch over ranks -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one global batch is spread over ranks and micro-steps."""
+
+    accumulation_steps: int
+    micro_batches: tuple[tuple[int, ...], ...]
+    """micro_batches[rank][micro_step]: samples of that micro-batch (0 when a rank has nothing left)."""
+
+    def rank_total(self, rank: int) -> int:
+        return sum(self.micro_batches[rank])
+
+    def rank_offset(self, rank: int) -> int:
+        """Position of this rank's first sample within the step's global batch."""
+        return sum(sum(m) for m in self.micro_batches[:rank])
+
+    @property
+    def max_micro_batch(self) -> int:
+        return max((max(m) for m in self.micro_batches), default=0)
+
+
+def split(global_batch: int, world_size: int, max_micro_batch: int) -> Split:
+    """Spread `global_batch` samples over `world_size` ranks with the fewest accumulation steps such
+    that no micro-batch exceeds `max_micro_batch`. Per-rank totals differ by at most one sample and sum
+    exactly to the global batch."""
+    if global_batch < 1 or world_size < 1 or max_micro_batch < 1:
+        raise ValueError(
+            f"split needs positive numbers, got global_batch={global_batch}, world_size={world_size}, "
+            f"max_micro_batch={max_micro_batch}"
+        )
+    accumulation = -(-global_batch // (world_size * max_micro_batch))
+    return Split(
+        accumulation_steps=accumulation,
+        micro_batches=tuple(_even(total, accumulation) for total in _even(global_batch, world_size)),
+    )
+
+
+def _even(total: int, parts: int) -> tuple[int, ...]:
+    """`total` in `parts` integers that differ by at most one, larger ones first."""
+    q, r = divmod(total, parts)
+    return tuple(q + 1 if i < r else q for i in range(parts))
+
+
+def desired_workers(spec: LargeBatchJobSpec, global_batch: int, capacity: int | None = None) -> int:
+    """Workers that bring accumulation to 1 for `global_batch`, within workers.min..max and, when known,
+    the cluster's capacity. Never below workers.min: with less capacity than that the job waits."""
+    w = spec.workers
+    per_worker = w.devices_per_worker * spec.batch.micro_batch_per_device
+    wanted = min(-(-global_batch // per_worker), w.max)
+    if capacity is not None:
+        wanted = min(wanted, capacity)
+    return max(w.min, wanted)
+
+
+# --- the whole run --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of the run with one global batch and one policy phase."""
+
+    label: str
+    start: int
+    """First sample of the phase."""
+    end: int
+    """Sample count when the phase ends."""
+    global_batch: int
+    steps: int
+    lr_start: float
+    lr_end: float
+
+
+def phases(spec: LargeBatchJobSpec, noise_scale: float | None = None) -> list[Phase]:
+    """The run as phases of constant batch and policy phase, with exact optimizer step counts (equal to
+    stepping plan() and advance() one step at a time). For `criticalBatch`, `noise_scale` is the noise
+    scale assumed throughout; without it the batch stays at batch.initial."""
+    out: list[Phase] = []
+    for piece in _walk(spec, noise_scale):
+        if out and out[-1].label == piece.label and out[-1].global_batch == piece.global_batch:
+            prev = out.pop()
+            piece = replace(prev, end=piece.end, steps=prev.steps + piece.steps, lr_end=piece.lr_end)
+        out.append(piece)
+    return out
+
+
+def trace(spec: LargeBatchJobSpec, noise_scale: float | None = None, points: int = 400) -> list[Phase]:
+    """Like phases(), but cut into pieces of at most about 1/points of the run's steps, so that the LR
+    inside a phase (warmup, cosine decay) can be drawn."""
+    steps = sum(p.steps for p in phases(spec, noise_scale))
+    return list(_walk(spec, noise_scale, max_steps=max(1, steps // points)))
+
+
+def _walk(spec: LargeBatchJobSpec, noise_scale: float | None, max_steps: int | None = None):
+    total = spec.schedule.total_samples
+    progress = Progress(noise_scale=noise_scale)
+    while progress.samples < total:
+        first = plan(spec, progress)
+        batch = first.policy_batch
+        n = min(_steps_holding(spec, progress, batch), -(-(total - progress.samples) // batch))
+        if max_steps is not None:
+            n = min(n, max_steps)
+        # Within a piece only samples and step move, so the state before its last step is exact.
+        before_last = progress
+        if n > 1:
+            before_last = replace(
+                advance(progress, first),
+                samples=progress.samples + (n - 1) * batch,
+                step=progress.step + n - 1,
+            )
+        last = plan(spec, before_last)
+        end = before_last.samples + last.global_batch
+        yield Phase(first.phase, progress.samples, end, batch, n, first.lr, last.lr)
+        progress = advance(before_last, last)
+
+
+def _steps_holding(spec: LargeBatchJobSpec, progress: Progress, batch: int) -> int:
+    """Steps from `progress` for which the policy batch and phase stay as they are (at least 1)."""
+    s = progress.samples
+    events = [e for e in _sample_events(spec) if e > s]
+    n = -(-(min(events) - s) // batch) if events else 1 << 62
+    policy = spec.batch.policy
+    if (
+        policy.type == "criticalBatch"
+        and progress.noise_scale is not None
+        and s >= spec.schedule.warmup_samples
+        and _critical_target(spec, progress.noise_scale) > batch
+    ):
+        eligible = progress.last_change_step + policy.critical_batch.min_steps_between_changes
+        n = min(n, max(1, eligible - progress.step))
+    return n
+
+
+def _sample_events(spec: LargeBatchJobSpec) -> list[int]:
+    """Sample counts at which the batch or the policy phase may change."""
+    events = [spec.schedule.warmup_samples]
+    policy = spec.batch.policy
+    if policy.type == "seesaw":
+        events += seesaw_cuts(spec)
+    elif policy.type == "linearRamp":
+        _, levels = _ramp_level(spec, 0)
+        events += [_ramp_level_start(spec, i, levels) for i in range(1, levels + 1)]
+    return events
+
+
+def constant_baseline(spec: LargeBatchJobSpec) -> LargeBatchJobSpec:
+    """The same job at constant batch.initial: the baseline a batch policy is measured against."""
+    batch = spec.batch.model_copy(update={"policy": PolicySpec(type="constant")})
+    return spec.model_copy(update={"batch": batch})

@@ -1,0 +1,190 @@
+"""The API models: examples validate, cross-field rules reject bad input naming the field and numbers,
+and each rule's CEL (what the API server checks) agrees with its Python check."""
+
+from __future__ import annotations
+
+import celpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from conftest import EXAMPLES, example, make_spec, spec_dict
+from largebatch import api
+
+EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+
+
+def test_there_is_an_example_per_policy():
+    policies = {example(name).spec.batch.policy.type for name in EXAMPLE_FILES}
+    assert policies == {"constant", "linearRamp", "seesaw", "criticalBatch"}
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_examples_are_valid_jobs(name):
+    job = example(name)
+    assert job.kind == "LargeBatchJob"
+    assert job.spec.batch.initial <= job.spec.batch.max
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "numbers"),
+    [
+        ({"workers": {"min": 5, "max": 2}}, "workers.min must be <= workers.max", "min=5, max=2"),
+        ({"batch": {"initial": 512, "max": 256}}, "batch.initial must be <= batch.max", "initial=512, max=256"),
+        (
+            {"schedule": {"totalSamples": 100, "warmupSamples": 100}},
+            "schedule.warmupSamples must be < schedule.totalSamples",
+            "warmupSamples=100, totalSamples=100",
+        ),
+        (
+            {"batch": {"policy": {"type": "seesaw", "seesaw": {"factor": 2, "batchFactor": 4}}}},
+            "Seesaw stability limit",
+            "batchFactor=4.0, factor=2.0",
+        ),
+        (
+            {"batch": {"policy": {"type": "linearRamp"}}},
+            "batch.policy.linearRamp is required",
+            "type=linearRamp, linearRamp missing",
+        ),
+        (
+            {"batch": {"policy": {"type": "linearRamp", "linearRamp": {"increment": 100, "rampSamples": 10}}}},
+            "multiple of batch.policy.linearRamp.increment",
+            "max-initial=240, increment=100",
+        ),
+        (
+            {"batch": {"policy": {"type": "seesaw"}}, "schedule": {"decay": "constant"}},
+            "seesaw needs a decaying schedule",
+            "decay=constant",
+        ),
+    ],
+)
+def test_cross_field_rules_name_the_field_the_fix_and_the_numbers(overrides, field, numbers):
+    with pytest.raises(ValidationError) as info:
+        make_spec(**overrides)
+    text = str(info.value)
+    assert field in text
+    assert f"(got {numbers})" in text
+
+
+def test_unknown_fields_are_rejected():
+    with pytest.raises(ValidationError, match="microBatchPerDevise"):
+        api.LargeBatchJobSpec.model_validate(spec_dict(batch={"microBatchPerDevise": 4}))
+
+
+def test_base_batch_defaults_to_the_initial_batch():
+    assert make_spec().base_batch == 16
+    assert make_spec(optimizer={"baseBatch": 256}).base_batch == 256
+
+
+# --- CEL and Python say the same thing --------------------------------------------------------------
+
+
+# Where in a spec each model with rules sits (the object its CEL rules see as `self`).
+RULE_LEVELS = {
+    api.WorkersSpec: ["workers"],
+    api.SeesawSpec: ["batch", "policy", "seesaw"],
+    api.PolicySpec: ["batch", "policy"],
+    api.BatchSpec: ["batch"],
+    api.ScheduleSpec: ["schedule"],
+    api.LargeBatchJobSpec: [],
+}
+
+
+def _all_rules():
+    return [(model, rule) for model in RULE_LEVELS for rule in model.rules]
+
+
+def test_every_model_with_rules_is_covered():
+    def walk(model, seen):
+        if model in seen:
+            return
+        seen.add(model)
+        for field in model.model_fields.values():
+            for arg in [field.annotation, *getattr(field.annotation, "__args__", ())]:
+                if isinstance(arg, type) and issubclass(arg, api._Model):
+                    walk(arg, seen)
+
+    seen: set = set()
+    walk(api.LargeBatchJobSpec, seen)
+    assert {m for m in seen if m.rules} == {m for m, _ in _all_rules()}
+
+
+candidate_specs = st.fixed_dictionaries(
+    {
+        "workers": st.fixed_dictionaries({"min": st.integers(1, 6), "max": st.integers(1, 6)}),
+        "batch": st.fixed_dictionaries(
+            {
+                "initial": st.integers(1, 300),
+                "max": st.integers(1, 300),
+                "policy": st.one_of(
+                    st.fixed_dictionaries(
+                        {
+                            "type": st.just("seesaw"),
+                            "seesaw": st.fixed_dictionaries(
+                                {"factor": st.sampled_from([1.5, 2.0, 3.0])},
+                                optional={"batchFactor": st.sampled_from([1.2, 2.0, 4.0])},
+                            ),
+                        }
+                    ),
+                    st.fixed_dictionaries(
+                        {"type": st.just("linearRamp")},
+                        optional={
+                            "linearRamp": st.fixed_dictionaries(
+                                {"increment": st.integers(1, 50), "rampSamples": st.just(100)}
+                            )
+                        },
+                    ),
+                    st.fixed_dictionaries({"type": st.sampled_from(["constant", "criticalBatch"])}),
+                ),
+            }
+        ),
+        "schedule": st.fixed_dictionaries(
+            {
+                "totalSamples": st.integers(1, 100),
+                "warmupSamples": st.integers(0, 100),
+                "decay": st.sampled_from(["cosine", "constant"]),
+            }
+        ),
+    }
+)
+
+
+def _cel_verdicts(document: dict) -> list[bool]:
+    """Evaluate every CEL rule where the API server would: on the object at the rule's level."""
+    env = celpy.Environment()
+    verdicts = []
+    for model, rule in _all_rules():
+        node = document
+        for key in RULE_LEVELS[model]:
+            node = node.get(key, {})
+        program = env.program(env.compile(rule.cel))
+        verdicts.append(bool(program.evaluate({"self": celpy.json_to_cel(node)})))
+    return verdicts
+
+
+@settings(max_examples=300, deadline=None)
+@given(candidate_specs)
+def test_cel_rules_and_python_checks_agree(overrides):
+    raw = spec_dict(**overrides)
+    # Field-level bounds come first (schema in the API server, pydantic here); compare only the rules.
+    try:
+        typed = api.LargeBatchJobSpec.model_validate(raw, context={"skip_rules": True})
+    except ValidationError:
+        return
+    document = typed.model_dump(mode="json", by_alias=True, exclude_none=True)
+    python = [rule.check(_locate(typed, model)) for model, rule in _all_rules()]
+    assert _cel_verdicts(document) == python
+    # And with the rules on, pydantic accepts exactly the specs that every rule accepts.
+    try:
+        api.LargeBatchJobSpec.model_validate(raw)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted == all(python)
+
+
+def _locate(spec, model):
+    for key in RULE_LEVELS[model]:
+        spec = getattr(spec, key)
+    return spec

@@ -1,0 +1,83 @@
+"""The checked-in CRD is what the models generate, and it is a structural schema the API server takes."""
+
+from __future__ import annotations
+
+import yaml
+
+from conftest import ROOT
+from largebatch import crd
+
+CRD_PATH = ROOT / "crds" / crd.CRD_FILE
+
+
+def test_checked_in_crd_matches_the_models():
+    assert CRD_PATH.read_text() == crd.crd_yaml(), "crds/ drifted from largebatch/api.py: run `make crds`"
+
+
+def _walk(node, path="$"):
+    yield path, node
+    for key in ("properties", "additionalProperties"):
+        children = node.get(key)
+        if isinstance(children, dict) and key == "properties":
+            for name, child in children.items():
+                yield from _walk(child, f"{path}.{name}")
+        elif isinstance(children, dict):
+            yield from _walk(children, f"{path}{{*}}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[*]")
+
+
+def _schema():
+    return yaml.safe_load(CRD_PATH.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_the_schema_is_structural():
+    for path, node in _walk(_schema()):
+        assert not {"$ref", "$defs", "anyOf", "oneOf", "allOf", "title", "const"} & node.keys(), path
+        assert (
+            node.get("type")
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), f"{path} has no type"
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(bound, True) is True, f"{path}.{bound} must be a boolean"
+        assert node.get("default", 0) is not None, path
+
+
+def test_every_spec_and_status_field_is_described_for_kubectl_explain():
+    schema = _schema()
+    for part in ("spec", "status"):
+        for path, node in _walk(schema["properties"][part], f"$.{part}"):
+            if not path.endswith(("{*}", "[*]")):  # map values and list items are described by their field
+                assert node.get("description"), f"{path} has no description"
+
+
+def test_defaults_enums_bounds_and_cel_rules_are_present():
+    spec = _schema()["properties"]["spec"]["properties"]
+    policy = spec["batch"]["properties"]["policy"]
+    assert policy["properties"]["type"]["enum"] == ["constant", "linearRamp", "seesaw", "criticalBatch"]
+    assert policy["properties"]["seesaw"]["properties"]["factor"]["default"] == 2.0
+    assert spec["workers"]["properties"]["accelerator"]["enum"] == ["nvidia.com/gpu", "google.com/tpu", "none"]
+    assert spec["workers"]["default"] == {}
+    assert spec["metrics"]["properties"]["port"]["minimum"] == 1024
+    rules = {rule["rule"] for _, node in _walk(_schema()) for rule in node.get("x-kubernetes-validations", [])}
+    assert "self.min <= self.max" in rules
+    assert "self.initial <= self.max" in rules
+    assert "self.warmupSamples < self.totalSamples" in rules
+
+
+def test_names_subresource_and_printer_columns():
+    document = yaml.safe_load(CRD_PATH.read_text())
+    assert document["spec"]["names"]["shortNames"] == ["lbj"]
+    version = document["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Workers",
+        "Global batch",
+        "Accum",
+        "LR",
+        "Step",
+        "Loss",
+        "Age",
+    ]

@@ -1,0 +1,157 @@
+"""The schedule core with hand-computed numbers: LR rules, warmup, decay, each batch policy."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+
+from conftest import make_spec
+from largebatch import schedule
+from largebatch.schedule import Progress
+
+
+def test_the_seesaw_example_doubles_four_times_at_the_cosine_halvings(seesaw_example):
+    spec = seesaw_example.spec
+    phases = schedule.phases(spec)
+    warmup, total = spec.schedule.warmup_samples, spec.schedule.total_samples
+    increases = [b for a, b in pairwise(phases) if b.global_batch > a.global_batch]
+    # cos(pi t) = 2 (2**-k - 0.01) / 0.99 - 1, solved by hand for k = 1..4
+    expected = [0.5032, 0.6724, 0.7787, 0.8520]
+    assert [p.global_batch for p in increases] == [512, 1024, 2048, 4096]
+    for phase, t in zip(increases, expected, strict=True):
+        assert (phase.start - warmup) / (total - warmup) == pytest.approx(t, abs=5e-4)
+    # Two further cuts (2**-5 and 2**-6 are above minLrRatio 0.01, 2**-7 is not) only halve the LR.
+    after_max = [p for p in phases if p.global_batch == 4096]
+    assert len(after_max) == 3
+    assert after_max[1].lr_start == pytest.approx(after_max[0].lr_start / 2)
+    assert after_max[2].lr_start == pytest.approx(after_max[1].lr_start / 2)
+    # Each doubling cut the LR by sqrt(2): 1e-3, 7.07e-4, 5e-4, 3.54e-4, 2.5e-4.
+    assert [p.lr_start for p in increases] == pytest.approx([1e-3 / math.sqrt(2) ** k for k in range(1, 5)])
+    serial = sum(p.steps for p in phases)
+    baseline = sum(p.steps for p in schedule.phases(schedule.constant_baseline(spec)))
+    assert baseline == total // 256
+    assert 1 - serial / baseline == pytest.approx(0.364, abs=0.005)
+
+
+def test_warmup_is_linear_in_samples_and_reaches_the_peak_at_its_end():
+    spec = make_spec(schedule={"totalSamples": 10_000, "warmupSamples": 1_000, "decay": "constant"})
+    first = schedule.plan(spec, Progress())
+    assert first.lr == pytest.approx(0.1 * 16 / 1_000)
+    assert first.phase == "warmup"
+    last_warmup = schedule.plan(spec, Progress(samples=1_000 - 16, step=61))
+    assert last_warmup.lr == pytest.approx(0.1)
+    after = schedule.plan(spec, Progress(samples=1_008, step=63))
+    assert after.lr == pytest.approx(0.1)
+    assert after.phase == "constant"
+
+
+@pytest.mark.parametrize(("scaling", "expected"), [("linear", 0.1 * 4), ("sqrt", 0.1 * 2), ("none", 0.1)])
+def test_the_lr_rule_scales_from_the_base_batch(scaling, expected):
+    spec = make_spec(
+        batch={"initial": 64, "max": 64},
+        optimizer={"lr": 0.1, "baseBatch": 16, "scaling": scaling},
+        schedule={"warmupSamples": 0, "decay": "constant"},
+    )
+    assert schedule.plan(spec, Progress()).lr == pytest.approx(expected)
+
+
+def test_cosine_and_linear_decay_hit_their_midpoints_and_floor():
+    cosine = make_spec(schedule={"totalSamples": 11_000, "warmupSamples": 1_000, "minLrRatio": 0.2})
+    assert schedule.decay_multiplier(cosine.schedule, 1_000) == pytest.approx(1.0)
+    assert schedule.decay_multiplier(cosine.schedule, 6_000) == pytest.approx(0.6)
+    assert schedule.decay_multiplier(cosine.schedule, 11_000) == pytest.approx(0.2)
+    linear = make_spec(schedule={"totalSamples": 11_000, "warmupSamples": 1_000, "decay": "linear"})
+    assert schedule.decay_multiplier(linear.schedule, 8_500) == pytest.approx(0.25)
+
+
+def test_the_last_step_is_cut_short_so_exactly_total_samples_are_consumed():
+    spec = make_spec(schedule={"totalSamples": 1_000, "warmupSamples": 0})
+    phases = schedule.phases(spec)
+    assert phases[-1].end == 1_000
+    assert sum(p.steps for p in phases) == math.ceil(1_000 / 16)
+    final = schedule.plan(spec, Progress(samples=992, step=62))
+    assert final.global_batch == 8
+    assert final.policy_batch == 16
+    with pytest.raises(ValueError, match="1000 of 1000 samples"):
+        schedule.plan(spec, Progress(samples=1_000, step=63))
+
+
+def test_linear_ramp_follows_megatron_levels():
+    spec = make_spec(
+        batch={
+            "initial": 128,
+            "max": 1024,
+            "policy": {"type": "linearRamp", "linearRamp": {"increment": 128, "rampSamples": 2_100_000}},
+        },
+        schedule={"totalSamples": 10_000_000, "warmupSamples": 0},
+    )
+    # 7 increments over 2.1M samples: one every 300k samples.
+    assert schedule.plan(spec, Progress(samples=299_999)).global_batch == 128
+    assert schedule.plan(spec, Progress(samples=300_000)).global_batch == 256
+    assert schedule.plan(spec, Progress(samples=300_000)).phase == "ramp 1/7"
+    assert schedule.plan(spec, Progress(samples=2_099_999)).global_batch == 896
+    assert schedule.plan(spec, Progress(samples=2_100_000)).global_batch == 1024
+
+
+def critical_spec(**policy):
+    settings = {"multiplier": 1.0, "growthFactor": 2, "minStepsBetweenChanges": 10} | policy
+    return make_spec(
+        batch={"initial": 16, "max": 1000, "policy": {"type": "criticalBatch", "criticalBatch": settings}},
+        schedule={"warmupSamples": 160},
+    )
+
+
+def test_critical_batch_moves_to_the_noise_scale_on_the_growth_grid():
+    spec = critical_spec()
+    state = Progress(samples=1_600, step=100, batch=16, last_change_step=0, noise_scale=300.0)
+    assert schedule.plan(spec, state).global_batch == 256  # 16 * 2**4 <= 300 < 16 * 2**5
+    assert schedule.plan(spec, Progress(samples=1_600, step=100, batch=16, noise_scale=5000.0)).global_batch == 1000
+    # Never down, even when the noise scale falls.
+    assert schedule.plan(spec, Progress(samples=1_600, step=100, batch=256, noise_scale=20.0)).global_batch == 256
+    # At most once per minStepsBetweenChanges, and not during warmup.
+    assert (
+        schedule.plan(
+            spec, Progress(samples=1_600, step=100, batch=32, last_change_step=95, noise_scale=300.0)
+        ).global_batch
+        == 32
+    )
+    assert schedule.plan(spec, Progress(samples=80, step=5, batch=16, noise_scale=300.0)).global_batch == 16
+    # The multiplier scales the target: 0.5 * 300 = 150 -> 128.
+    assert schedule.plan(critical_spec(multiplier=0.5), state).global_batch == 128
+
+
+def test_critical_batch_records_when_it_changed():
+    spec = critical_spec()
+    before = Progress(samples=1_600, step=100, batch=16, last_change_step=0, noise_scale=300.0)
+    after = schedule.advance(before, schedule.plan(spec, before))
+    assert (after.samples, after.step, after.batch, after.last_change_step) == (1_856, 101, 256, 100)
+
+
+def test_split_hand_example():
+    result = schedule.split(10, 3, 2)
+    assert result.accumulation_steps == 2
+    assert result.micro_batches == ((2, 2), (2, 1), (2, 1))
+    assert [result.rank_offset(r) for r in range(3)] == [0, 4, 7]
+
+
+def test_split_with_more_ranks_than_samples_gives_empty_ranks():
+    result = schedule.split(3, 4, 8)
+    assert result.accumulation_steps == 1
+    assert result.micro_batches == ((1,), (1,), (1,), (0,))
+
+
+def test_split_rejects_nonsense_with_the_numbers():
+    with pytest.raises(ValueError, match="world_size=0"):
+        schedule.split(8, 0, 4)
+
+
+def test_desired_workers_brings_accumulation_to_one_within_bounds():
+    spec = make_spec(workers={"min": 2, "max": 8, "devicesPerWorker": 2}, batch={"microBatchPerDevice": 16})
+    assert schedule.desired_workers(spec, 64) == 2  # 64 / (2 devices * 16) = 2
+    assert schedule.desired_workers(spec, 96) == 3
+    assert schedule.desired_workers(spec, 16) == 2  # never below min
+    assert schedule.desired_workers(spec, 10_000) == 8  # never above max
+    assert schedule.desired_workers(spec, 10_000, capacity=5) == 5
+    assert schedule.desired_workers(spec, 10_000, capacity=1) == 2  # below min the job waits at min

@@ -1,0 +1,181 @@
+"""Properties of the schedule core that must hold for every job, checked with hypothesis."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_spec
+from largebatch import schedule
+from largebatch.schedule import Progress
+
+
+@given(
+    global_batch=st.integers(1, 100_000),
+    world_size=st.integers(1, 512),
+    cap=st.integers(1, 4_096),
+)
+def test_split_is_exact_balanced_minimal_and_capped(global_batch, world_size, cap):
+    result = schedule.split(global_batch, world_size, cap)
+    totals = [result.rank_total(r) for r in range(world_size)]
+    assert sum(totals) == global_batch
+    assert max(totals) - min(totals) <= 1
+    assert result.max_micro_batch <= cap
+    assert all(len(m) == result.accumulation_steps for m in result.micro_batches)
+    # One accumulation step fewer could not hold the batch.
+    assert (result.accumulation_steps - 1) * world_size * cap < global_batch
+    # Ranks take consecutive slices of the step's batch.
+    assert [result.rank_offset(r) for r in range(world_size)] == [sum(totals[:r]) for r in range(world_size)]
+
+
+@given(
+    minimum=st.integers(1, 8),
+    extra=st.integers(0, 8),
+    devices=st.integers(1, 8),
+    micro=st.integers(1, 64),
+    global_batch=st.integers(1, 10_000),
+    capacity=st.none() | st.integers(0, 32),
+)
+def test_desired_workers_stays_in_bounds_and_removes_accumulation_when_it_can(
+    minimum, extra, devices, micro, global_batch, capacity
+):
+    spec = make_spec(
+        workers={"min": minimum, "max": minimum + extra, "devicesPerWorker": devices},
+        batch={"initial": 1, "max": 10_000, "microBatchPerDevice": micro},
+    )
+    n = schedule.desired_workers(spec, global_batch, capacity)
+    assert minimum <= n <= minimum + extra
+    if capacity is not None and capacity >= minimum:
+        assert n <= capacity
+    limit = minimum + extra if capacity is None else min(minimum + extra, capacity)
+    if math.ceil(global_batch / (devices * micro)) <= limit:
+        assert schedule.split(global_batch, n * devices, micro).accumulation_steps == 1
+        # ... and with no idle worker beyond the minimum.
+        assert n == minimum or schedule.split(global_batch, (n - 1) * devices, micro).accumulation_steps > 1
+
+
+def policies(kind: str | None = None):
+    ramp = st.builds(
+        lambda inc, levels, ramp: {
+            "type": "linearRamp",
+            "linearRamp": {"increment": inc, "rampSamples": ramp},
+            "_max_over": inc * levels,
+        },
+        st.integers(1, 64),
+        st.integers(0, 8),
+        st.integers(1, 20_000),
+    )
+    seesaw = st.builds(
+        lambda factor, growth: {"type": "seesaw", "seesaw": {"factor": factor, "batchFactor": growth}},
+        st.sampled_from([1.5, 2.0, 3.0, 4.0]),
+        st.sampled_from([None, 1.5, 2.0]),
+    ).filter(lambda p: p["seesaw"]["batchFactor"] is None or p["seesaw"]["batchFactor"] <= p["seesaw"]["factor"])
+    critical = st.builds(
+        lambda growth, steps: {
+            "type": "criticalBatch",
+            "criticalBatch": {"growthFactor": growth, "minStepsBetweenChanges": steps},
+        },
+        st.sampled_from([1.5, 2.0, 4.0]),
+        st.integers(1, 30),
+    )
+    choices = {
+        "constant": st.just({"type": "constant"}),
+        "linearRamp": ramp,
+        "seesaw": seesaw,
+        "criticalBatch": critical,
+    }
+    return choices[kind] if kind else st.one_of(*choices.values())
+
+
+@st.composite
+def jobs(draw, kind: str | None = None):
+    policy = dict(draw(policies(kind)))
+    initial = draw(st.integers(1, 64))
+    maximum = initial + policy.pop("_max_over", draw(st.integers(0, 512)))
+    total = draw(st.integers(1, 30_000))
+    warmup = draw(st.integers(0, total - 1))
+    spec = make_spec(
+        batch={"initial": initial, "max": maximum, "policy": policy},
+        optimizer={"lr": 0.1, "scaling": draw(st.sampled_from(["linear", "sqrt", "none"]))},
+        schedule={
+            "totalSamples": total,
+            "warmupSamples": warmup,
+            "decay": draw(st.sampled_from(["cosine", "linear"])),
+            "minLrRatio": draw(st.sampled_from([0.0, 0.01, 0.1, 0.5])),
+        },
+    )
+    noise = draw(st.none() | st.floats(0.5, 5_000)) if policy["type"] == "criticalBatch" else None
+    return spec, noise
+
+
+def step_by_step(spec, noise):
+    progress, plans = Progress(noise_scale=noise), []
+    while progress.samples < spec.schedule.total_samples:
+        step_plan = schedule.plan(spec, progress)
+        plans.append((progress, step_plan))
+        progress = schedule.advance(progress, step_plan)
+    return progress, plans
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_phases_agree_with_stepping_the_plan_one_step_at_a_time(job):
+    spec, noise = job
+    final, plans = step_by_step(spec, noise)
+    phases = schedule.phases(spec, noise)
+    assert final.samples == spec.schedule.total_samples
+    assert sum(p.steps for p in phases) == len(plans) == final.step
+    assert phases[0].start == 0 and phases[-1].end == spec.schedule.total_samples
+    assert all(a.end == b.start for a, b in pairwise(phases))
+    # The same batch, step by step.
+    expanded = [p.global_batch for p in phases for _ in range(p.steps)]
+    assert expanded == [step_plan.policy_batch for _, step_plan in plans]
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_the_batch_never_shrinks_never_passes_max_and_the_lr_is_positive(job):
+    spec, noise = job
+    _, plans = step_by_step(spec, noise)
+    batches = [p.policy_batch for _, p in plans]
+    assert batches == sorted(batches)
+    assert all(spec.batch.initial <= b <= spec.batch.max for b in batches)
+    assert all(0 < p.lr <= spec.optimizer.lr * max(1.0, spec.batch.max / spec.base_batch) for _, p in plans)
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs("criticalBatch"))
+def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
+    spec, noise = job
+    _, plans = step_by_step(spec, noise)
+    cb = spec.batch.policy.critical_batch
+    changes = [(s.step, p.policy_batch) for s, p in plans if s.batch is not None and p.policy_batch != s.batch]
+    grid = {min(spec.batch.max, round(spec.batch.initial * cb.growth_factor**k)) for k in range(40)}
+    assert all(b in grid for _, b in changes)
+    steps = [0] + [s for s, _ in changes]
+    assert all(b - a >= cb.min_steps_between_changes for a, b in pairwise(steps))
+    if noise is not None:
+        assert all(b <= max(spec.batch.initial, cb.multiplier * noise) for _, b in changes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs("seesaw"))
+def test_seesaw_cuts_trade_lr_for_batch_at_the_stability_edge(job):
+    spec, _ = job
+    seesaw = spec.batch.policy.seesaw
+    cuts = schedule.seesaw_cuts(spec)
+    assert all(seesaw.factor**-k >= spec.schedule.min_lr_ratio for k in range(1, len(cuts) + 1))
+    levels = schedule._seesaw_levels(spec, len(cuts))
+    for (b0, m0), (b1, m1) in pairwise(levels):
+        growth = b1 / b0
+        assert m1 / m0 == pytest.approx(math.sqrt(growth) / seesaw.factor)
+        # Stability (Seesaw paper): the LR divisor is at least sqrt of the batch growth.
+        assert m0 / m1 >= math.sqrt(growth) - 1e-9
+    # Each cut sits where the base decay first reaches factor**-k.
+    for k, c in enumerate(cuts, start=1):
+        assert schedule.decay_multiplier(spec.schedule, c) <= seesaw.factor**-k
+        assert c == spec.schedule.warmup_samples or schedule.decay_multiplier(spec.schedule, c - 1) > seesaw.factor**-k
