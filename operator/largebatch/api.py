@@ -88,6 +88,8 @@ class TaskSpec(_Model):
     """Python callable as `module:callable`, for example `largebatch_trainer.tasks:pylm`."""
     args: FreeForm = Field(default_factory=dict)
     """Free-form keyword arguments passed to the entrypoint (model width, depth, data options)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the model initialisation (the same on every rank) and of the sample order."""
 
 
 # --- workers --------------------------------------------------------------------------------------
@@ -287,7 +289,9 @@ class OptimizerSpec(_Model):
     scaling: Literal["linear", "sqrt", "none"] = "linear"
     """How the LR follows the batch: lr x (B/baseBatch) (Goyal et al.), lr x sqrt(B/baseBatch), or lr."""
     weight_decay: float = Field(default=0.0, ge=0.0, le=10.0)
-    """Decoupled weight decay (not rescaled with the batch); bias and norm parameters are exempt."""
+    """Weight decay, as each optimizer's paper has it: decoupled for adamw, inside the trust-ratio update
+    for lamb, an L2 term for sgd and lars. Not rescaled with the batch; bias and norm parameters are
+    exempt."""
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     """Momentum of `sgd` and `lars`."""
     betas: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
@@ -423,6 +427,8 @@ class ProgressStatus(_Model):
     """Tokens consumed (sequence tasks)."""
     loss: float | None = None
     """Training loss of the last step (mean per sample)."""
+    eval_loss: float | None = None
+    """Held-out loss (mean per sample), reported when training ends."""
     noise_scale: float | None = None
     """Smoothed gradient noise scale B_simple."""
     samples_per_second: float | None = None

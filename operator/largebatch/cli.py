@@ -30,7 +30,7 @@ def _load(path: Path):
     try:
         return jobfile.load(path)
     except jobfile.JobFileError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

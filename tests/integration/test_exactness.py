@@ -1,0 +1,81 @@
+"""The global batch is exact: with real gloo processes, any world size, uneven split or accumulation
+gives the parameters of a single-process full-batch run, to float tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import final_state, params, run_standalone, write_job
+
+from largebatch import schedule
+from largebatch.api import LargeBatchJob
+from largebatch_trainer.data import SampleStream
+from largebatch_trainer.tasks import load_task
+
+pytestmark = pytest.mark.integration
+
+# Seesaw from 10 to 40 over 240 samples: the batch and LR change, and 10 over 3 ranks is uneven.
+POLICY = {"initial": 10, "max": 40, "policy": {"type": "seesaw"}}
+SCHEDULE = {"totalSamples": 240, "warmupSamples": 20, "minLrRatio": 0.05}
+
+
+def job(tmp_path, name, micro, optimizer=None, batch=None):
+    return write_job(
+        tmp_path,
+        name,
+        batch={**(batch or POLICY), "microBatchPerDevice": micro},
+        schedule=SCHEDULE,
+        **({"optimizer": optimizer} if optimizer else {}),
+    )
+
+
+def hand_written_full_batch_sgd(job_path) -> dict[str, torch.Tensor]:
+    """The textbook loop: mean loss over the whole global batch, torch SGD, LR from plan()."""
+    import yaml
+
+    spec = LargeBatchJob.model_validate(yaml.safe_load(job_path.read_text())).spec
+    task = load_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
+    opt = torch.optim.SGD(task.model.parameters(), lr=spec.optimizer.lr, momentum=spec.optimizer.momentum)
+    stream, progress = SampleStream(len(task.dataset), spec.task.seed), schedule.Progress()
+    while progress.samples < spec.schedule.total_samples:
+        plan = schedule.plan(spec, progress)
+        batch = stream.batch(task.dataset, task.collate, progress.samples, plan.global_batch)
+        loss_sum, count = task.loss(task.model, batch)
+        (loss_sum / count).backward()
+        for group in opt.param_groups:
+            group["lr"] = plan.lr
+        opt.step()
+        opt.zero_grad()
+        progress = schedule.advance(progress, plan)
+    return task.model.state_dict()
+
+
+def test_single_process_full_batch_matches_the_textbook_loop(tmp_path):
+    path = job(tmp_path, "reference", micro=40)
+    run_standalone(path, 0)
+    state = final_state(tmp_path / "reference-ckpt")
+    assert state["progress"]["samples"] == 240
+    torch.testing.assert_close(params(state), hand_written_full_batch_sgd(path), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("nproc", "micro", "optimizer", "batch"),
+    [
+        (0, 3, None, None),  # one process, accumulation up to 14 micro-steps (micro-batches of 3)
+        (2, 40, None, None),  # two ranks, no accumulation
+        (3, 2, None, None),  # three ranks, uneven (4, 3, 3) and accumulation 2..7
+        (4, 1, None, {"initial": 3, "max": 3, "policy": {"type": "constant"}}),  # a rank with no samples
+        (3, 2, {"name": "lamb", "lr": 0.01, "weightDecay": 0.01}, None),  # LAMB across uneven ranks
+    ],
+    ids=["1x-accumulation", "2-ranks", "3-ranks-uneven", "4-ranks-one-empty", "lamb-3-ranks"],
+)
+def test_distributed_runs_match_the_single_process_full_batch_run(tmp_path, nproc, micro, optimizer, batch):
+    reference = job(tmp_path, "reference", micro=1000, optimizer=optimizer, batch=batch)
+    run_standalone(reference, 0)
+    candidate = job(tmp_path, "candidate", micro=micro, optimizer=optimizer, batch=batch)
+    run_standalone(candidate, nproc)
+    expected, got = final_state(tmp_path / "reference-ckpt"), final_state(tmp_path / "candidate-ckpt")
+    assert got["progress"] == expected["progress"] | {"noise_scale": got["progress"]["noise_scale"]}
+    torch.testing.assert_close(params(got), params(expected), rtol=1e-5, atol=1e-6)
+    world = max(nproc, 1)
+    assert {run[3] for run in got["history"]} == {world}

@@ -1,0 +1,72 @@
+"""Helpers for tests that run the trainer as real processes (torchrun, gloo)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from conftest import merge, spec_dict
+from largebatch_trainer import checkpoint
+
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def write_job(directory: Path, name: str = "job", **overrides) -> Path:
+    base = {
+        "task": {"entrypoint": "largebatch_trainer.tasks:linreg", "args": {"dim": 8, "samples": 512}},
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "checkpoint": {"path": str(directory / f"{name}-ckpt"), "everySteps": 1000},
+    }
+    spec = spec_dict(**merge(base, overrides))
+    job = {"apiVersion": "largebatch.io/v1alpha1", "kind": "LargeBatchJob", "metadata": {"name": name}, "spec": spec}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", LARGEBATCH_DEVICE="cpu", LARGEBATCH_METRICS_PORT="0", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_standalone(job: Path, nproc: int, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One torchrun agent with `nproc` gloo workers (or a plain process when nproc is None)."""
+    if nproc == 0:
+        command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job), *extra]
+    else:
+        command = [
+            TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+            "-m", "largebatch_trainer", "--job", str(job), *extra,
+        ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env())
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def final_state(checkpoint_dir: Path) -> dict:
+    path = checkpoint.latest(checkpoint_dir)
+    assert path is not None, f"no checkpoint in {checkpoint_dir}"
+    return checkpoint.load(path)
+
+
+def params(state: dict) -> dict[str, torch.Tensor]:
+    return state["model"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:
+    """(first sample, end sample) of each history run, from [first step, first sample, batch, world, steps]."""
+    return [(first, first + batch * steps) for _, first, batch, _, steps in history]

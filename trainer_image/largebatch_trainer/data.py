@@ -1,0 +1,43 @@
+"""The global sample stream: a seeded permutation of the dataset, epoch after epoch.
+
+Position p of the stream is sample `perm(p // N)[p % N]`. Step s takes the next B_s positions and each
+rank a consecutive slice of them, so progress is one number (samples consumed) and a restart at any
+world size continues exactly where the last checkpoint stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+class SampleStream:
+    def __init__(self, size: int, seed: int):
+        if size < 1:
+            raise SystemExit("the task's dataset is empty")
+        self.size, self.seed = size, seed
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            if len(self._perms) >= 2:  # a step spans at most two epochs
+                self._perms.pop(min(self._perms))
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms[epoch] = torch.randperm(self.size, generator=generator)
+        return self._perms[epoch]
+
+    def indices(self, start: int, count: int) -> list[int]:
+        """Dataset indices at stream positions start .. start+count-1."""
+        out: list[int] = []
+        position = start
+        while len(out) < count:
+            epoch, offset = divmod(position, self.size)
+            take = min(count - len(out), self.size - offset)
+            out += self._perm(epoch)[offset : offset + take].tolist()
+            position += take
+        return out
+
+    def batch(self, dataset: Sequence, collate: Callable[[list], Any], start: int, count: int) -> Any:
+        return collate([dataset[i] for i in self.indices(start, count)])

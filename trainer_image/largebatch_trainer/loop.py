@@ -1,0 +1,315 @@
+"""The training loop: one optimizer step at a time, exactly as `largebatch.schedule` plans it.
+
+Each step: plan the batch and LR from the exact progress, split the batch over ranks and micro-batches,
+run the micro-steps with the loss divided by the global batch (gradients are summed, never averaged, so
+any world size, uneven split or accumulation gives the full-batch gradient), measure the gradient noise
+scale on the way, step the optimizer, advance the progress. Checkpoints on a cadence, on SIGTERM/SIGINT
+and at the end; the newest one is loaded on every start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from largebatch import schedule
+from largebatch.api import LargeBatchJob
+from largebatch_trainer import checkpoint, optim
+from largebatch_trainer.data import SampleStream
+from largebatch_trainer.distributed import DistEnv, choose_device, init_process_group
+from largebatch_trainer.metrics import Metrics
+from largebatch_trainer.noise import NoiseScale
+from largebatch_trainer.progress import Sink
+from largebatch_trainer.tasks import Task, load_task
+
+
+@dataclass
+class Options:
+    checkpoint_dir: Path
+    device: str = "auto"
+    metrics_port: int | None = None
+    sink: Sink | None = None
+    report_seconds: float = 2.0
+    eval_samples: int = 2048
+
+
+class _Norms:
+    """Squared norms of this step's local (pre-all-reduce) and global gradients, filled by the hook."""
+
+    def __init__(self):
+        self.local_sq = torch.zeros((), dtype=torch.float64)
+        self.global_sq = torch.zeros((), dtype=torch.float64)
+
+    def reset(self) -> None:
+        self.local_sq.zero_()
+        self.global_sq.zero_()
+
+
+def _sum_hook(norms, bucket):  # unannotated: DDP checks real annotations, and this module's are strings
+    """DDP communication hook: all-reduce each gradient bucket with SUM (the loss is already divided by
+    the global batch) and record its squared norm before and after."""
+    buffer = bucket.buffer()
+    norms.local_sq += buffer.double().pow(2).sum().cpu()
+
+    def record(future):
+        reduced = future.value()[0]
+        norms.global_sq += reduced.double().pow(2).sum().cpu()
+        return reduced
+
+    return dist.all_reduce(buffer, async_op=True).get_future().then(record)
+
+
+class Trainer:
+    def __init__(self, job: LargeBatchJob, options: Options):
+        self.job, self.spec, self.options = job, job.spec, options
+        self.env = DistEnv.from_environ()
+        self.device = choose_device(self.spec.workers.accelerator, options.device, self.env.local_rank)
+        init_process_group(self.env, self.device)
+        self.task: Task = load_task(self.spec.task.entrypoint, self.spec.task.args, self.spec.task.seed)
+        self.module = self.task.model.to(self.device)
+        self.optimizer = optim.build(self.spec.optimizer, self.module)
+        self.noise = NoiseScale(self.spec.batch.policy.critical_batch.smoothing)
+        self.stream = SampleStream(len(self.task.dataset), self.spec.task.seed)
+        self.progress = schedule.Progress()
+        self.history: list[list[int]] = []  # [first step, first sample, batch, world size, steps]
+        self.stop_requested = False
+        self._resume()
+        self.model = self.module
+        self.hook = None
+        if self.env.world_size > 1:
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            self.hook = _Norms()
+            self.model.register_comm_hook(self.hook, _sum_hook)
+        self.metrics = Metrics(self.job.metadata.name, self.env.rank, options.metrics_port)
+        self.metrics.restarts.set(self.env.restart_count)
+        self._plan: dict = {}
+        self.throughput: float | None = None
+        self.last_loss: float | None = None
+        self._last_report = 0.0
+
+    # --- state ------------------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        path = checkpoint.latest(self.options.checkpoint_dir)
+        if path is None:
+            return
+        state = checkpoint.load(path)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.progress = schedule.Progress(**state["progress"])
+        self.noise.load_state_dict(state["noise"])
+        self.history = state["history"]
+        torch.set_rng_state(state["rng"])
+
+    def _save(self) -> None:
+        if self.env.rank != 0:
+            return
+        started = time.perf_counter()
+        payload = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": dataclasses.asdict(self.progress),
+            "noise": self.noise.state_dict(),
+            "history": self.history,
+            "rng": torch.get_rng_state(),
+        }
+        checkpoint.save(self.options.checkpoint_dir, self.progress.step, payload, self.spec.checkpoint.keep)
+        self.metrics.checkpoint_seconds.set(time.perf_counter() - started)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stop_requested = True
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        """Train until the data budget is spent (True) or a stop is requested (False)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        total = self.spec.schedule.total_samples
+        every = self.spec.checkpoint.every_steps
+        while self.progress.samples < total:
+            stop = self._step()
+            if stop or self.progress.step % every == 0 or self.progress.samples >= total:
+                self._save()
+            if stop:
+                self._report(force=True)
+                return False
+        self._report(force=True, done=True)
+        return True
+
+    def _step(self) -> bool:
+        started = time.perf_counter()
+        spec, env = self.spec, self.env
+        plan = schedule.plan(spec, self.progress)
+        world = env.world_size
+        split = schedule.split(plan.global_batch, world, spec.batch.micro_batch_per_device)
+        optim.set_lr(self.optimizer, plan.lr)
+        batch = plan.global_batch
+        position = self.progress.samples + split.rank_offset(env.rank)
+        micro = split.micro_batches[env.rank]
+
+        if self.hook is not None:
+            self.hook.reset()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        micro_norms: list[tuple[int, float]] = []  # single worker: (samples, |G_micro|²)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        for m, size in enumerate(micro):
+            # A rank with no samples still runs the micro-step (DDP needs every rank's gradients) on one
+            # sample weighted zero.
+            data = self.stream.batch(self.task.dataset, self.task.collate, position if size else 0, max(size, 1))
+            data = _to(data, self.device)
+            last = m == len(micro) - 1
+            sync = contextlib.nullcontext() if last or world == 1 else self.model.no_sync()
+            with sync:
+                step_loss, count = self.task.loss(self.model, data)
+                scaled = step_loss * ((1.0 if size else 0.0) / batch)
+                if world == 1 and len(micro) > 1:
+                    grads = torch.autograd.grad(scaled, params)
+                    sq = sum(float(g.double().pow(2).sum()) for g in grads)
+                    micro_norms.append((size, sq * (batch / size) ** 2))
+                    for p, g in zip(params, grads, strict=True):
+                        p.grad = g if p.grad is None else p.grad.add_(g)
+                else:
+                    scaled.backward()
+            if size:
+                loss_sum += step_loss.detach().double().cpu()
+                position += size
+
+        # Small-batch statistics, the global loss and the stop flag travel in one all-reduce.
+        stats = torch.zeros(5, dtype=torch.float64)
+        stats[0] = loss_sum
+        stats[4] = float(self.stop_requested)
+        rank_samples = sum(micro)
+        if world > 1 and rank_samples:
+            stats[1] = self.hook.local_sq * (batch / rank_samples) ** 2
+            stats[2] = 1.0 / rank_samples
+            stats[3] = 1.0
+        elif world == 1:
+            for size, g_sq in micro_norms:
+                stats[1] += g_sq
+                stats[2] += 1.0 / size
+                stats[3] += 1.0
+        if world > 1:
+            dist.all_reduce(stats)
+        if world > 1:
+            global_sq = float(self.hook.global_sq)
+        else:
+            global_sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
+        if stats[3] >= 2:  # at least two small batches: the estimators are defined
+            b_small = float(stats[3] / stats[2])
+            if b_small < batch:
+                self.noise.update(b_small, float(stats[1] / stats[3]), batch, global_sq)
+
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        self._record(plan, world)
+        self.progress = dataclasses.replace(schedule.advance(self.progress, plan), noise_scale=self.noise.value)
+        elapsed = time.perf_counter() - started
+        self.last_loss = float(stats[0]) / batch
+        rate = batch / elapsed
+        self.throughput = rate if self.throughput is None else 0.9 * self.throughput + 0.1 * rate
+        self._update_metrics(plan, split, elapsed)
+        self._report()
+        return bool(stats[4])
+
+    def _record(self, plan: schedule.Plan, world: int) -> None:
+        last = self.history[-1] if self.history else None
+        if last and last[2] == plan.policy_batch and last[3] == world and last[0] + last[4] == self.progress.step:
+            last[4] += 1
+        else:
+            self.history.append([self.progress.step, self.progress.samples, plan.policy_batch, world, 1])
+
+    # --- reporting --------------------------------------------------------------------------------
+
+    def _update_metrics(self, plan: schedule.Plan, split: schedule.Split, elapsed: float) -> None:
+        m, tokens = self.metrics, self.task.tokens_per_sample
+        m.samples.inc(plan.global_batch)
+        m.tokens.inc(plan.global_batch * tokens)
+        m.steps.inc()
+        m.step_seconds.observe(elapsed)
+        m.samples_per_second.set(self.throughput)
+        m.tokens_per_second.set(self.throughput * tokens)
+        m.loss.set(self.last_loss)
+        m.lr.set(plan.lr)
+        m.global_batch.set(plan.global_batch)
+        m.micro_batch.set(split.max_micro_batch)
+        m.accumulation.set(split.accumulation_steps)
+        m.world_size.set(self.env.world_size)
+        m.progress.set(self.progress.samples)
+        if self.noise.value is not None:
+            m.noise_scale.set(self.noise.value)
+        self._plan = {
+            "globalBatch": plan.global_batch,
+            "microBatch": split.max_micro_batch,
+            "accumulationSteps": split.accumulation_steps,
+            "worldSize": self.env.world_size,
+            "lr": plan.lr,
+            "policyPhase": plan.phase,
+        }
+
+    def status(self, done: bool = False) -> dict:
+        p = self.progress
+        progress = {
+            "step": p.step,
+            "samples": p.samples,
+            "tokens": p.samples * self.task.tokens_per_sample,
+            "loss": self.last_loss,
+            "noiseScale": self.noise.value,
+            "samplesPerSecond": self.throughput,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
+        if done and self.task.eval_dataset is not None:
+            progress["evalLoss"] = self.evaluate()
+        return {
+            "progress": {k: v for k, v in progress.items() if v is not None},
+            "plan": self._plan,
+            "done": done,
+            "restartCount": self.env.restart_count,
+        }
+
+    def _report(self, force: bool = False, done: bool = False) -> None:
+        if self.env.rank != 0 or self.options.sink is None:
+            return
+        now = time.monotonic()
+        if force or now - self._last_report >= self.options.report_seconds:
+            self._last_report = now
+            self.options.sink.report(self.status(done))
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss per sample over the first `eval_samples` held-out samples."""
+        data = self.task.eval_dataset
+        count = min(len(data), self.options.eval_samples)
+        total, micro = 0.0, self.spec.batch.micro_batch_per_device
+        self.module.eval()
+        for start in range(0, count, micro):
+            batch = self.task.collate([data[i] for i in range(start, min(count, start + micro))])
+            loss_sum, _ = self.task.loss(self.module, _to(batch, self.device))
+            total += float(loss_sum)
+        self.module.train()
+        return total / count
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _to(data, device: torch.device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, list | tuple):
+        return type(data)(_to(item, device) for item in data)
+    if isinstance(data, dict):
+        return {key: _to(value, device) for key, value in data.items()}
+    return data

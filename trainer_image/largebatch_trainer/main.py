@@ -1,0 +1,66 @@
+"""`python -m largebatch_trainer --job job.yaml` (console script `largebatch-trainer`): one training
+process, meant to run under torchrun. Settings beyond the job file come from flags or, for the
+operator and the local runner, from LARGEBATCH_* environment variables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from largebatch import jobfile
+from largebatch_trainer.progress import make_sink
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="largebatch-trainer", description=__doc__)
+    parser.add_argument("--job", required=True, help="LargeBatchJob YAML file")
+    parser.add_argument("--checkpoint-dir", default=env("LARGEBATCH_CHECKPOINT_DIR"), help="overrides checkpoint.path")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=env("LARGEBATCH_DEVICE", "auto"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("LARGEBATCH_METRICS_PORT", "-1")),
+        help="metrics port of local rank 0 (default: the job's metrics.port; 0 disables)",
+    )
+    parser.add_argument("--progress-file", default=env("LARGEBATCH_PROGRESS_FILE"), help="rank 0 writes JSON here")
+    parser.add_argument(
+        "--progress-kubernetes",
+        default=env("LARGEBATCH_PROGRESS_KUBERNETES"),
+        metavar="NAMESPACE/NAME",
+        help="rank 0 patches this LargeBatchJob's status",
+    )
+    parser.add_argument("--report-seconds", type=float, default=float(env("LARGEBATCH_REPORT_SECONDS", "2")))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        job = jobfile.load(args.job)
+    except jobfile.JobFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from largebatch_trainer.loop import Options, Trainer  # torch loads only for a valid job
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    port = job.spec.metrics.port if args.metrics_port < 0 else args.metrics_port
+    options = Options(
+        checkpoint_dir=Path(args.checkpoint_dir or job.spec.checkpoint.path),
+        device=args.device,
+        metrics_port=port + local_rank if port else None,
+        sink=make_sink(args.progress_file, args.progress_kubernetes),
+        report_seconds=args.report_seconds,
+    )
+    trainer = Trainer(job, options)
+    try:
+        finished = trainer.run()
+    finally:
+        trainer.close()
+    return 0 if finished else 143  # 143: stopped by SIGTERM/SIGINT after a checkpoint
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Optimizers: SGD with momentum and AdamW from torch, LAMB and LARS from pytorch-optimizer.
+
+Bias and normalisation parameters (every parameter with fewer than two dimensions) get no weight decay
+and, for LAMB and LARS, no trust ratio, as the LAMB and LARS papers do.
+
+Momentum and the LR (Goyal et al. 2017): when the LR changes from η_t to η_{t+1}, a momentum buffer kept
+in LR-scaled form (u ← m u + η g) needs the correction u ← u η_{t+1}/η_t. All four optimizers here keep
+their buffers in gradient form (v ← m v + g, step η v; Adam moments are gradient statistics) and apply
+the LR afterwards, which is exactly the corrected update, so no correction is applied;
+`MOMENTUM_FORM` records this and `tests/unit/test_optim.py` measures it.
+
+LAMB (You et al. 2020) as in the paper's algorithm: Adam moments with bias correction of both moments,
+weight decay inside the update r = m̂/(√v̂ + ε) + λw, trust ratio φ(‖w‖)/‖r‖ with φ(z) = min(z, 10).
+pytorch-optimizer's `Lamb` corrects neither moment inside r; since the trust ratio makes the update
+invariant to the scale of r, giving it ε√(1−β₂ᵗ) and λ(1−β₁ᵗ)/√(1−β₂ᵗ) each step yields the paper's
+update exactly (and the plain-Adam groups get the bias-corrected step size). `set_lr` does this.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pytorch_optimizer import LARS, Lamb
+
+from largebatch.api import OptimizerSpec
+
+MOMENTUM_FORM = {"sgd": "gradient", "adamw": "gradient", "lamb": "gradient", "lars": "gradient"}
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, exempt = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else exempt).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "adam": False},
+        {"params": exempt, "weight_decay": 0.0, "adam": True},
+    ]
+
+
+def build(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, spec.weight_decay)
+    betas = tuple(spec.betas)
+    if spec.name == "sgd":
+        optimizer = torch.optim.SGD(_plain(groups), lr=spec.lr, momentum=spec.momentum)
+    elif spec.name == "adamw":
+        optimizer = torch.optim.AdamW(_plain(groups), lr=spec.lr, betas=betas, eps=spec.eps)
+    elif spec.name == "lamb":
+        # weight_decouple=False puts λw inside r (the paper); adam_debias=True leaves the step size alone.
+        optimizer = Lamb(groups, lr=spec.lr, betas=betas, eps=spec.eps, weight_decouple=False, adam_debias=True)
+    else:  # lars: the library itself skips 1-D parameters for decay and trust ratio
+        optimizer = LARS(_plain(groups), lr=spec.lr, momentum=spec.momentum)
+    for group in optimizer.param_groups:
+        group["base_weight_decay"], group["base_eps"] = group["weight_decay"], group.get("eps")
+    return optimizer
+
+
+def _plain(groups: list[dict]) -> list[dict]:
+    return [{k: v for k, v in g.items() if k != "adam"} for g in groups]
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the LR of the coming step (and, for LAMB, the paper's bias corrections for that step)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+        if isinstance(optimizer, Lamb):
+            t = group.get("step", 0) + 1  # Lamb increments the step before using it
+            beta1, beta2 = group["betas"]
+            bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+            group["eps"] = group["base_eps"] * math.sqrt(bc2)
+            group["weight_decay"] = group["base_weight_decay"] * bc1 / math.sqrt(bc2)
+            if group["adam"]:
+                group["lr"] = lr * math.sqrt(bc2) / bc1

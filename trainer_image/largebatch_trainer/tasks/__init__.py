@@ -1,0 +1,63 @@
+"""The task API: what user code gives the trainer.
+
+`task.entrypoint` names a callable `module:callable`; the trainer calls it with `task.args` as keyword
+arguments, after seeding torch with `task.seed` (so every rank builds the same initial model), and it
+returns a `Task`:
+
+- `model`: a `torch.nn.Module`;
+- `dataset`: a map-style dataset (`__len__`, `__getitem__`) of samples; the trainer batches them with
+  `collate` (default: `torch.utils.data.default_collate`);
+- `loss(model, batch) -> (loss_sum, count)`: the *sum* of per-sample losses over the batch, and the
+  number of samples. The trainer divides by the global batch, so the update is the full-batch update
+  whatever the world size and accumulation;
+- optionally `eval_dataset` (held-out samples) and `tokens_per_sample` (for tokens/s).
+
+The built-in tasks are `largebatch_trainer.tasks:pylm` and `largebatch_trainer.tasks:linreg`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+
+
+@dataclass
+class Task:
+    model: torch.nn.Module
+    dataset: Sequence
+    loss: LossFn
+    eval_dataset: Sequence | None = None
+    tokens_per_sample: int = 0
+    collate: Callable[[list], Any] = torch.utils.data.default_collate
+
+
+def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
+    """Import `module:callable` and build the task with every rank's RNG in the same state."""
+    module_name, _, attribute = entrypoint.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SystemExit(f"task.entrypoint {entrypoint!r} cannot be loaded: {exc}") from None
+    torch.manual_seed(seed)
+    task = factory(**args)
+    if not isinstance(task, Task):
+        raise SystemExit(f"task.entrypoint {entrypoint!r} returned {type(task).__name__}, not a Task")
+    return task
+
+
+def pylm(**args: Any) -> Task:
+    from largebatch_trainer.tasks.pylm import build
+
+    return build(**args)
+
+
+def linreg(**args: Any) -> Task:
+    from largebatch_trainer.tasks.linreg import build
+
+    return build(**args)
