@@ -21,6 +21,7 @@ run: venv
 	$(LBCTL) plan examples/quickstart.yaml
 
 test: venv
+	$(VENV)/bin/ruff check operator trainer_image tests benchmarks
 	$(PY) -m pytest
 
 crds: venv

@@ -191,14 +191,15 @@ def _ramp_level_start(spec: LargeBatchJobSpec, level: int, levels: int) -> int:
 
 
 def _critical_target(spec: LargeBatchJobSpec, noise_scale: float) -> int:
-    """multiplier x noise scale, rounded down to batch.initial x growthFactor**k, capped at batch.max."""
+    """multiplier x noise scale, rounded down to the grid floor(batch.initial x growthFactor**k), capped at
+    batch.max: never above the target."""
     cb, b0 = spec.batch.policy.critical_batch, spec.batch.initial
     target = cb.multiplier * noise_scale
     if target < b0:
         return b0
     k_max = math.ceil(math.log(spec.batch.max / b0, cb.growth_factor)) if spec.batch.max > b0 else 0
     k = min(k_max, math.floor(math.log(target / b0, cb.growth_factor) + 1e-9))
-    return min(spec.batch.max, round(b0 * cb.growth_factor**k))
+    return min(spec.batch.max, math.floor(b0 * cb.growth_factor**k + 1e-9))
 
 
 def _critical_batch(spec: LargeBatchJobSpec, progress: Progress) -> int:

@@ -154,7 +154,7 @@ def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
     _, plans = step_by_step(spec, noise)
     cb = spec.batch.policy.critical_batch
     changes = [(s.step, p.policy_batch) for s, p in plans if s.batch is not None and p.policy_batch != s.batch]
-    grid = {min(spec.batch.max, round(spec.batch.initial * cb.growth_factor**k)) for k in range(40)}
+    grid = {min(spec.batch.max, math.floor(spec.batch.initial * cb.growth_factor**k + 1e-9)) for k in range(40)}
     assert all(b in grid for _, b in changes)
     steps = [0] + [s for s, _ in changes]
     assert all(b - a >= cb.min_steps_between_changes for a, b in pairwise(steps))

@@ -57,11 +57,11 @@ def _sum_hook(norms, bucket):  # unannotated: DDP checks real annotations, and t
     """DDP communication hook: all-reduce each gradient bucket with SUM (the loss is already divided by
     the global batch) and record its squared norm before and after."""
     buffer = bucket.buffer()
-    norms.local_sq += buffer.double().pow(2).sum().cpu()
+    norms.local_sq += torch.linalg.vector_norm(buffer).double().square().cpu()
 
     def record(future):
         reduced = future.value()[0]
-        norms.global_sq += reduced.double().pow(2).sum().cpu()
+        norms.global_sq += torch.linalg.vector_norm(reduced).double().square().cpu()
         return reduced
 
     return dist.all_reduce(buffer, async_op=True).get_future().then(record)
@@ -175,8 +175,7 @@ class Trainer:
                 scaled = step_loss * ((1.0 if size else 0.0) / batch)
                 if world == 1 and len(micro) > 1:
                     grads = torch.autograd.grad(scaled, params)
-                    sq = sum(float(g.double().pow(2).sum()) for g in grads)
-                    micro_norms.append((size, sq * (batch / size) ** 2))
+                    micro_norms.append((size, _squared_norm(grads) * (batch / size) ** 2))
                     for p, g in zip(params, grads, strict=True):
                         p.grad = g if p.grad is None else p.grad.add_(g)
                 else:
@@ -199,19 +198,20 @@ class Trainer:
                 stats[1] += g_sq
                 stats[2] += 1.0 / size
                 stats[3] += 1.0
-        if world > 1:
-            dist.all_reduce(stats)
+        # The all-reduce overlaps the optimizer step; nothing below needs it until after the step.
+        pending = dist.all_reduce(stats, async_op=True) if world > 1 else None
         if world > 1:
             global_sq = float(self.hook.global_sq)
         else:
-            global_sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
+            global_sq = _squared_norm([p.grad for p in params if p.grad is not None])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if pending is not None:
+            pending.wait()
         if stats[3] >= 2:  # at least two small batches: the estimators are defined
             b_small = float(stats[3] / stats[2])
             if b_small < batch:
                 self.noise.update(b_small, float(stats[1] / stats[3]), batch, global_sq)
-
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
         self._record(plan, world)
         self.progress = dataclasses.replace(schedule.advance(self.progress, plan), noise_scale=self.noise.value)
@@ -303,6 +303,10 @@ class Trainer:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _squared_norm(tensors: list[torch.Tensor]) -> float:
+    return float(torch.stack(torch._foreach_norm(tensors)).double().pow(2).sum()) if tensors else 0.0
 
 
 def _to(data, device: torch.device):

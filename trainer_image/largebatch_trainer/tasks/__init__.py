@@ -52,12 +52,12 @@ def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
 
 
 def pylm(**args: Any) -> Task:
-    from largebatch_trainer.tasks.pylm import build
+    from largebatch_trainer.tasks.stdlib_gpt import build
 
     return build(**args)
 
 
 def linreg(**args: Any) -> Task:
-    from largebatch_trainer.tasks.linreg import build
+    from largebatch_trainer.tasks.linear_regression import build
 
     return build(**args)

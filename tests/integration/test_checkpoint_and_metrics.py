@@ -1,0 +1,105 @@
+"""A running trainer serves its metrics and progress; SIGTERM makes it checkpoint and stop; the next
+start resumes at the exact sample and ends where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from trainer_helpers import PYTHON, covered_samples, final_state, free_port, run_standalone, trainer_env, write_job
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 16 * 6000
+
+
+def long_job(tmp_path, name):
+    return write_job(
+        tmp_path,
+        name,
+        batch={"initial": 16, "max": 64, "microBatchPerDevice": 8, "policy": {"type": "seesaw"}},
+        schedule={"totalSamples": TOTAL, "warmupSamples": 160, "minLrRatio": 0.1},
+        checkpoint={"everySteps": 50, "keep": 2},
+    )
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = ""):
+    """Poll an observable condition (not a fixed sleep) until it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
+    job = long_job(tmp_path, "interrupted")
+    port, progress_file = free_port(), tmp_path / "progress.json"
+    command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job), "--metrics-port", str(port)]
+    command += ["--progress-file", str(progress_file), "--report-seconds", "0.2"]
+    process = subprocess.Popen(command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        metrics = wait_for(
+            lambda: (m := scrape(port)).get("largebatch_optimizer_steps_total", 0) > 20 and m, what="steps"
+        )
+        for name in [
+            "largebatch_samples_total", "largebatch_tokens_total", "largebatch_samples_per_second",
+            "largebatch_tokens_per_second", "largebatch_step_duration_seconds_count", "largebatch_loss",
+            "largebatch_learning_rate", "largebatch_global_batch_size", "largebatch_micro_batch_size",
+            "largebatch_accumulation_steps", "largebatch_world_size", "largebatch_gradient_noise_scale",
+            "largebatch_checkpoint_duration_seconds", "largebatch_elastic_restarts", "largebatch_progress_samples",
+        ]:  # fmt: skip
+            assert name in metrics, name
+        assert metrics["largebatch_global_batch_size"] == 16
+        assert metrics["largebatch_accumulation_steps"] == 2  # 16 samples in micro-batches of 8
+        assert metrics["largebatch_world_size"] == 1
+        assert metrics["largebatch_samples_per_second"] > 0
+        report = wait_for(lambda: json.loads(progress_file.read_text()), what="a progress report")
+        assert report["progress"]["step"] > 0 and report["plan"]["globalBatch"] == 16
+        assert report["done"] is False
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+    stopped = final_state(tmp_path / "interrupted-ckpt")
+    assert 0 < stopped["progress"]["samples"] < TOTAL
+    # Resume: the same command without the signal runs to the end.
+    run_standalone(job, 0, "--progress-file", str(progress_file))
+    resumed = final_state(tmp_path / "interrupted-ckpt")
+    assert json.loads(progress_file.read_text())["done"] is True
+    reference_job = long_job(tmp_path, "reference")
+    run_standalone(reference_job, 0)
+    reference = final_state(tmp_path / "reference-ckpt")
+    assert resumed["progress"]["samples"] == reference["progress"]["samples"] == TOTAL
+    assert resumed["progress"]["step"] == reference["progress"]["step"]
+    assert covered_samples(resumed["history"]) == covered_samples(reference["history"])
+    torch.testing.assert_close(resumed["model"], reference["model"], rtol=1e-5, atol=1e-6)
+
+
+def test_every_exported_metric_is_documented():
+    source = (ROOT / "trainer_image" / "largebatch_trainer" / "metrics.py").read_text()
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    names = re.findall(r'"(largebatch_[a-z_]+)"', source)
+    assert len(names) >= 15
+    for name in names:
+        suffix = "_total" if f'counter("{name}"' in source else ""
+        assert f"`{name}{suffix}`" in documented, name

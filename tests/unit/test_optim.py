@@ -1,0 +1,102 @@
+"""Optimizers: LAMB against the paper's formula, the momentum form of each optimizer, and the bias/norm
+exemptions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pytorch_optimizer import Lamb
+
+from largebatch.api import OptimizerSpec
+from largebatch_trainer import optim
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+        self.norm = torch.nn.LayerNorm(2)
+
+
+def tiny() -> Tiny:
+    torch.manual_seed(0)
+    model = Tiny()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    return model
+
+
+def paper_lamb(w, grads, lr, beta1, beta2, eps, wd, trust: bool):
+    """You et al. (2020), algorithm 2, with φ(z) = min(z, 10); `trust=False` is plain Adam with decay."""
+    m, v = torch.zeros_like(w), torch.zeros_like(w)
+    w = w.clone()
+    for t, g in enumerate(grads, start=1):
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        r = m_hat / (v_hat.sqrt() + eps) + wd * w
+        ratio = min(float(w.norm()), 10.0) / float(r.norm()) if trust else 1.0
+        w = w - lr * ratio * r
+    return w
+
+
+def test_a_lamb_step_is_the_papers_update():
+    model = tiny()
+    spec = OptimizerSpec(name="lamb", lr=0.01, weight_decay=0.1, betas=[0.9, 0.999], eps=1e-6)
+    optimizer = optim.build(spec, model)
+    assert isinstance(optimizer, Lamb)
+    weight0, bias0 = model.linear.weight.detach().clone(), model.linear.bias.detach().clone()
+    torch.manual_seed(1)
+    grads = [(torch.randn(2, 3), torch.randn(2)) for _ in range(3)]
+    for gw, gb in grads:
+        model.zero_grad()
+        model.linear.weight.grad, model.linear.bias.grad = gw.clone(), gb.clone()
+        model.norm.weight.grad, model.norm.bias.grad = torch.zeros(2), torch.zeros(2)
+        optim.set_lr(optimizer, 0.01)
+        optimizer.step()
+    expected_weight = paper_lamb(weight0, [g for g, _ in grads], 0.01, 0.9, 0.999, 1e-6, 0.1, trust=True)
+    # Bias: no weight decay and no trust ratio (the paper exempts bias and norm parameters).
+    expected_bias = paper_lamb(bias0, [g for _, g in grads], 0.01, 0.9, 0.999, 1e-6, 0.0, trust=False)
+    torch.testing.assert_close(model.linear.weight.detach(), expected_weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.linear.bias.detach(), expected_bias, rtol=1e-5, atol=1e-6)
+
+
+def test_bias_and_norm_parameters_get_no_weight_decay():
+    groups = optim.parameter_groups(tiny(), 0.1)
+    decayed = {id(p) for p in groups[0]["params"]}
+    model = tiny()
+    groups = optim.parameter_groups(model, 0.1)
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert decayed == {id(model.linear.weight)}
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "lars"])
+def test_momentum_form_is_as_declared(name):
+    """Take a step, change the LR, take a step with zero gradient: a buffer in gradient form moves the
+    weights in proportion to the new LR (Goyal's correction is built in); an LR-scaled buffer would not."""
+
+    def move(lr2: float) -> torch.Tensor:
+        model = tiny()
+        optimizer = optim.build(OptimizerSpec(name=name, lr=0.1, momentum=0.9), model)
+        torch.manual_seed(2)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        optim.set_lr(optimizer, 0.1)
+        optimizer.step()
+        before = model.linear.weight.detach().clone()
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e-12)  # zero gradient (LARS needs a non-zero norm)
+        optim.set_lr(optimizer, lr2)
+        optimizer.step()
+        return model.linear.weight.detach() - before
+
+    small, large = move(0.01), move(0.02)
+    ratio = float(large.norm() / small.norm())
+    declared = optim.MOMENTUM_FORM[name]
+    assert declared == "gradient"
+    assert ratio == pytest.approx(2.0, rel=0.02 if name != "lamb" else 0.05)
+    assert not math.isclose(ratio, 1.0, rel_tol=0.1)
