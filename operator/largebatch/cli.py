@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from largebatch import jobfile, plan_report
+from largebatch import controller, jobfile, plan_report
 
 app = typer.Typer(
     help="largebatch: large-batch PyTorch training with an adaptive global batch.",
@@ -93,6 +94,96 @@ def plan(
         console.print("criticalBatch follows the measured noise scale; pass --noise-scale to assume one.")
     if plot is not None:
         console.print(f"Plot written to {plot}")
+
+
+@app.command()
+def run(
+    job: JobPath,
+    local: Annotated[bool, typer.Option("--local", help="Run on this machine (the only mode of `run`).")] = False,
+    slots: Annotated[
+        int | None, typer.Option(min=1, help="Nodes this machine can hold [default: CPU cores / devicesPerWorker].")
+    ] = None,
+    capacity: Annotated[
+        str | None,
+        typer.Option(help="Capacity over the run, by fraction of totalSamples, e.g. 0:1,30%:3,70%:2."),
+    ] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Where checkpoints, logs and the record go [default: runs/NAME].")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=0, help="Metrics port of the first worker [default: metrics.port]; 0 disables.")
+    ] = None,
+    restart_cost: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Seconds a rescale is assumed to cost until one is measured [default: 10]."),
+    ] = None,
+) -> None:
+    """Run a job on this machine: torchrun nodes, the same controller as on Kubernetes, live progress."""
+    if not local:
+        errors.print("error: `lbctl run` runs jobs locally: add --local (on a cluster: kubectl apply -f JOB)")
+        raise typer.Exit(2)
+    manifest = _load(job)
+    spec = manifest.spec
+    try:
+        steps = controller.parse_capacity(capacity) if capacity else None
+    except ValueError as exc:
+        errors.print(f"error: --capacity: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    import torch
+
+    from largebatch.local import record
+    from largebatch.local.display import LiveDisplay
+    from largebatch.local.runner import LocalRun, RunFailed, RunOptions
+
+    device = "cpu"
+    if spec.workers.accelerator == "nvidia.com/gpu" and torch.cuda.is_available():
+        device = "cuda"
+    elif spec.workers.accelerator != "none":
+        console.print(f"[yellow]note:[/] no {spec.workers.accelerator} here; the workers train on the CPU")
+    options = RunOptions(
+        run_dir=run_dir or Path("runs") / manifest.metadata.name,
+        slots=slots or max(1, (os.cpu_count() or 1) // spec.workers.devices_per_worker),
+        capacity=steps,
+        device=device,
+        metrics_port=spec.metrics.port if metrics_port is None else metrics_port,
+        restart_seconds=restart_cost,
+    )
+    with LiveDisplay(console, manifest.metadata.name, spec.schedule.total_samples) as display:
+        runner = LocalRun(manifest, job, options, display)
+        try:
+            code, failure = runner.run(), None
+        except RunFailed as exc:
+            code, failure = 1, exc
+    if failure:
+        errors.print(f"[bold red]error:[/] {failure}", soft_wrap=True, highlight=False)
+    result = runner.record()
+    json_path, png_path = record.write(result, runner.run_dir)
+    _summary(result, json_path, png_path)
+    if code == 130:
+        console.print(f"Stopped. Run the same command again to resume from the last checkpoint in {runner.run_dir}.")
+    raise typer.Exit(code)
+
+
+def _summary(result: dict, json_path: Path, png_path: Path) -> None:
+    table = Table(title="Run summary", box=box.SIMPLE_HEAD, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    batches = sorted({h["globalBatch"] for h in result["history"]})
+    worlds = [h["worldSize"] for h in result["history"]]
+    rows = [
+        ("samples", f"{result['samplesConsumed']:,} of {result['totalSamples']:,}"),
+        ("optimizer steps", f"{result['serialSteps']:,}"),
+        ("wall time", f"{result['wallSeconds']:.0f} s over {result['sessions']} session(s)"),
+        ("final loss", f"{result['finalLoss']:.4f}" if result["finalLoss"] is not None else "–"),
+        ("held-out loss", f"{result['evalLoss']:.4f}" if result["evalLoss"] is not None else "–"),
+        ("global batches", " → ".join(f"{b:,}" for b in batches) or "–"),
+        ("world sizes", " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or worlds[i - 1] != w) or "–"),
+        ("rescales", str(len(result["rescales"]))),
+        ("record", f"{json_path}, {png_path}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
 
 
 @app.command()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import torch
 import yaml
 
 from conftest import merge, spec_dict
+from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
 
 PYTHON = sys.executable
@@ -21,7 +21,10 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 def write_job(directory: Path, name: str = "job", **overrides) -> Path:
     base = {
-        "task": {"entrypoint": "largebatch_trainer.tasks:linreg", "args": {"dim": 8, "samples": 512}},
+        "task": {
+            "entrypoint": "largebatch_trainer.tasks:linreg",
+            "args": {} if "task" in overrides else {"dim": 8, "samples": 512},
+        },
         "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
         "checkpoint": {"path": str(directory / f"{name}-ckpt"), "everySteps": 1000},
     }
@@ -66,33 +69,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (torchrun starts its workers in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything below it, as when a machine disappears."""
-    for victim in [pid, *descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:

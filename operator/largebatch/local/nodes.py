@@ -1,0 +1,131 @@
+"""Worker "nodes" on this machine: one torchrun agent each, joined through a rendezvous store that the
+runner hosts, so that any node can come and go."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from largebatch.api import LargeBatchJobSpec
+
+MAX_RESTARTS = 3
+
+
+@dataclass
+class NodeSettings:
+    job_path: Path
+    run_dir: Path
+    spec: LargeBatchJobSpec
+    rendezvous_port: int
+    run_id: str
+    device: str
+    threads: int
+    metrics_port: int  # of node 0's local rank 0; 0 disables
+
+
+@dataclass
+class Node:
+    index: int
+    process: subprocess.Popen
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def start_node(settings: NodeSettings, index: int) -> Node:
+    spec = settings.spec
+    logs = settings.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"node-{index}.log"
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={spec.workers.min}:{spec.workers.max}",
+        f"--nproc-per-node={spec.workers.devices_per_worker}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{settings.rendezvous_port}",
+        f"--rdzv-id={settings.run_id}",
+        "--rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=600",
+        # Lost peers and scale-downs use up restarts; a node that runs out exits, and the runner starts a
+        # fresh one unless the job keeps failing without progress.
+        f"--max-restarts={MAX_RESTARTS}",
+        "--monitor-interval=1",
+        "-m", "largebatch_trainer", "--job", str(settings.job_path),
+    ]  # fmt: skip
+    port = settings.metrics_port + index * spec.workers.devices_per_worker if settings.metrics_port else 0
+    env = dict(
+        os.environ,
+        # An agent-hosted store would hang scale-up (see docs/trainer.md); the runner hosts the store.
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        LARGEBATCH_CHECKPOINT_DIR=str(settings.run_dir / "checkpoints"),
+        LARGEBATCH_PROGRESS_FILE=str(settings.run_dir / "progress.json"),
+        LARGEBATCH_REPORT_SECONDS="0.5",
+        LARGEBATCH_METRICS_PORT=str(port),
+        LARGEBATCH_DEVICE=settings.device,
+        OMP_NUM_THREADS=str(settings.threads),
+        PYTHONUNBUFFERED="1",
+    )
+    with open(log, "ab") as handle:
+        # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Node(index, process, log)
+
+
+def last_error(node: Node, lines: int = 3) -> str:
+    """The last error lines a node's workers logged (the traceback's final line, usually)."""
+    try:
+        text = node.log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in text if "Error" in line and not line.startswith(("E1", "W1", "I1"))]
+    return "\n".join(errors[-lines:])
+
+
+def stop_node(node: Node, grace: float = 60.0) -> None:
+    """SIGTERM the agent (it stops its workers, which checkpoint), then make sure nothing is left."""
+    workers = descendants(node.process.pid)  # before the agent exits and they lose their parent
+    if node.alive:
+        node.process.send_signal(signal.SIGTERM)
+        try:
+            node.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    kill(workers + [node.process.pid, *descendants(node.process.pid)])
+    node.process.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and all its descendants (torchrun puts workers in sessions of their own)."""
+    kill([pid, *descendants(pid)])
+
+
+def kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found

@@ -1,0 +1,265 @@
+"""`lbctl run --local`: observe rank 0's progress, ask the controller how many nodes to run, start and
+stop torchrun nodes accordingly, and keep a record of the run.
+
+The runner owns no training state: the trainer checkpoints and resumes by itself, so the runner can
+start, stop or lose nodes at any moment, and a second `lbctl run` of the same run directory resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from largebatch import controller, schedule
+from largebatch.api import LargeBatchJob
+from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node
+
+TICK_SECONDS = 0.5
+DEFAULT_RESTART_SECONDS = 10.0
+# Nodes that die this many times in a row without the job taking a step mean the job cannot run.
+MAX_FAILURES_WITHOUT_PROGRESS = 2
+
+
+class RunFailed(Exception):
+    """The job cannot make progress; the message says why."""
+
+
+@dataclass
+class RunOptions:
+    run_dir: Path
+    slots: int
+    capacity: list[tuple[float, int]] | None = None
+    device: str = "cpu"
+    metrics_port: int = 0
+    restart_seconds: float | None = None
+    """Assumed cost of a rescale; None: DEFAULT_RESTART_SECONDS until the first rescale is measured."""
+
+
+@dataclass
+class RunState:
+    """What the runner remembers; written to run.json and read back by a resumed run."""
+
+    timeline: list[dict] = field(default_factory=list)
+    rescales: list[dict] = field(default_factory=list)
+    restarts: int = 0
+    elastic_restarts: int = 0
+    sessions: int = 0
+    wall_seconds: float = 0.0
+
+
+class LocalRun:
+    def __init__(self, job: LargeBatchJob, job_path: Path, options: RunOptions, display):
+        self.job, self.spec, self.options, self.display = job, job.spec, options, display
+        self.job_path = job_path.resolve()
+        self.run_dir = options.run_dir.resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.progress_file = self.run_dir / "progress.json"
+        self.state = _load_state(self.run_dir / "run.json")
+        self.state.sessions += 1
+        self.nodes: list[Node] = []
+        self.next_index = 0
+        self.stopping = False
+        self.restart_seconds = DEFAULT_RESTART_SECONDS if options.restart_seconds is None else options.restart_seconds
+        self.last_rescale: float | None = None
+        self.pending_rescale: tuple[float, int] | None = None  # (when, step at the time)
+        self.report: dict = {}
+        self.failures = 0
+        self.step_at_failure: int | None = None
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        import torch.distributed as dist  # the store; torch is only needed to run jobs locally
+
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+        self.settings = NodeSettings(
+            job_path=self.job_path,
+            run_dir=self.run_dir,
+            spec=self.spec,
+            rendezvous_port=store.port,
+            run_id=f"{self.job.metadata.name}-{os.getpid()}",
+            device=self.options.device,
+            threads=max(1, (os.cpu_count() or 1) // max(1, self.options.slots * self.spec.workers.devices_per_worker)),
+            metrics_port=self.options.metrics_port,
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        started = time.monotonic()
+        try:
+            finished = self._loop()
+        finally:
+            for node in self.nodes:
+                stop_node(node)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.state.wall_seconds += time.monotonic() - started
+            del store
+        return 0 if finished else 130
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stopping = True
+
+    def _loop(self) -> bool:
+        total = self.spec.schedule.total_samples
+        while True:
+            self.report = _read_json(self.progress_file) or self.report
+            self.state.elastic_restarts = max(self.state.elastic_restarts, self.report.get("restartCount", 0))
+            progress = self._progress()
+            done = bool(self.report.get("done")) and progress.samples >= total
+            self._reap(done)
+            if done and not self.nodes:
+                self._observe(progress, capacity=self._capacity(progress))
+                return True
+            if self.stopping:
+                self.display.event("stopping: nodes checkpoint and exit")
+                for node in self.nodes:
+                    stop_node(node)
+                self.nodes = []
+                return False
+            capacity = self._capacity(progress)
+            if not done:
+                self._act(progress, capacity)
+            self._observe(progress, capacity)
+            time.sleep(TICK_SECONDS)
+
+    def _progress(self) -> schedule.Progress:
+        p = self.report.get("progress", {})
+        return schedule.Progress(
+            samples=p.get("samples", 0),
+            step=p.get("step", 0),
+            batch=self.report.get("plan", {}).get("globalBatch"),
+            noise_scale=p.get("noiseScale"),
+        )
+
+    def _capacity(self, progress: schedule.Progress) -> int:
+        slots = self.options.slots
+        if self.options.capacity:
+            fraction = progress.samples / self.spec.schedule.total_samples
+            slots = min(slots, controller.capacity_at(self.options.capacity, fraction))
+        return slots
+
+    def _reap(self, done: bool) -> None:
+        for node in [n for n in self.nodes if not n.alive]:
+            self.nodes.remove(node)
+            if done:
+                continue
+            self.state.restarts += 1
+            self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}")
+            step = self._progress().step
+            self.failures = self.failures + 1 if step == self.step_at_failure else 1
+            self.step_at_failure = step
+            if self.failures >= MAX_FAILURES_WITHOUT_PROGRESS:
+                raise RunFailed(
+                    f"nodes keep failing at step {step} without progress; the workers' last error:\n"
+                    f"{last_error(node) or '(none logged)'}\nfull log: {node.log}"
+                )
+
+    def _act(self, progress: schedule.Progress, capacity: int) -> None:
+        self._measure_restart(progress)
+        seen = controller.Observation(
+            progress=progress,
+            workers=len(self.nodes),
+            capacity=capacity,
+            samples_per_second=self.report.get("progress", {}).get("samplesPerSecond") if self.nodes else None,
+            seconds_since_rescale=None if self.last_rescale is None else time.monotonic() - self.last_rescale,
+            restart_seconds=self.restart_seconds,
+        )
+        decision = controller.decide(self.spec, seen)
+        current = len(self.nodes)
+        if not decision.changes(current):
+            self.display.reason = decision.reason
+            return
+        if current:
+            self.state.rescales.append(
+                {"samples": progress.samples, "from": current, "to": decision.workers, "reason": decision.reason}
+            )
+            self.last_rescale = time.monotonic()
+            self.pending_rescale = (self.last_rescale, progress.step)
+        self.display.event(f"{current} → {decision.workers} nodes: {decision.reason}")
+        while len(self.nodes) < decision.workers:
+            self.nodes.append(start_node(self.settings, self.next_index))
+            self.next_index += 1
+        while len(self.nodes) > decision.workers:
+            stop_node(self.nodes.pop())
+
+    def _measure_restart(self, progress: schedule.Progress) -> None:
+        """A rescale costs the time until the job takes a step again (unless the user fixed the cost)."""
+        if self.options.restart_seconds is not None:
+            return
+        if self.pending_rescale and progress.step > self.pending_rescale[1] + 1:
+            took = time.monotonic() - self.pending_rescale[0]
+            self.restart_seconds = 0.5 * self.restart_seconds + 0.5 * took
+            self.pending_rescale = None
+
+    def _observe(self, progress: schedule.Progress, capacity: int) -> None:
+        p, plan = self.report.get("progress", {}), self.report.get("plan", {})
+        entry = {
+            "session": self.state.sessions,
+            "samples": progress.samples,
+            "step": progress.step,
+            "nodes": len(self.nodes),
+            "capacity": capacity,
+            **{
+                k: plan.get(k)
+                for k in ("globalBatch", "microBatch", "accumulationSteps", "worldSize", "lr", "policyPhase")
+            },
+            **{k: p.get(k) for k in ("loss", "noiseScale", "samplesPerSecond")},
+        }
+        last = self.state.timeline[-1] if self.state.timeline else None
+        if p and (last is None or (last["step"], last["nodes"]) != (entry["step"], entry["nodes"])):
+            self.state.timeline.append(entry)
+        self.display.update(self, progress, capacity)
+
+    # --- the record -------------------------------------------------------------------------------
+
+    def record(self) -> dict:
+        """run.json: the runner's timeline plus the trainer's exact step history from the checkpoint."""
+        history = _history(self.run_dir / "checkpoints")
+        return {
+            "job": self.job.metadata.name,
+            "totalSamples": self.spec.schedule.total_samples,
+            "samplesConsumed": self.report.get("progress", {}).get("samples", 0),
+            "complete": bool(self.report.get("done")),
+            "finalLoss": self.report.get("progress", {}).get("loss"),
+            "evalLoss": self.report.get("progress", {}).get("evalLoss"),
+            "serialSteps": self.report.get("progress", {}).get("step", 0),
+            "wallSeconds": self.state.wall_seconds,
+            "sessions": self.state.sessions,
+            "restarts": self.state.restarts,
+            "elasticRestarts": self.state.elastic_restarts,
+            "rescales": self.state.rescales,
+            "history": [
+                {"firstStep": s, "firstSample": f, "globalBatch": b, "worldSize": w, "steps": n}
+                for s, f, b, w, n in history
+            ],
+            "timeline": self.state.timeline,
+        }
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _load_state(path: Path) -> RunState:
+    previous = _read_json(path) or {}
+    return RunState(
+        timeline=previous.get("timeline", []),
+        rescales=previous.get("rescales", []),
+        restarts=previous.get("restarts", 0),
+        elastic_restarts=previous.get("elasticRestarts", 0),
+        sessions=previous.get("sessions", 0),
+        wall_seconds=previous.get("wallSeconds", 0.0),
+    )
+
+
+def _history(directory: Path) -> list[list[int]]:
+    from largebatch_trainer import checkpoint
+
+    path = checkpoint.latest(directory)
+    return checkpoint.load(path)["history"] if path else []

@@ -1,0 +1,165 @@
+"""`lbctl run --local` with real torchrun processes: capacity changes, a lost worker, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import yaml
+from test_checkpoint_and_metrics import wait_for
+from trainer_helpers import PYTHON, kill_tree, trainer_env, write_job
+
+from largebatch import schedule
+from largebatch.api import LargeBatchJob
+from largebatch.local.nodes import descendants
+
+pytestmark = pytest.mark.integration
+
+LBCTL = [PYTHON, "-m", "largebatch"]
+
+
+def lbctl_run(job: Path, run_dir: Path, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env())
+
+
+def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
+    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0"]
+    # Its own process group, like a shell's foreground job: Ctrl-C goes to the group.
+    return subprocess.Popen(
+        command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def progress_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "progress.json").read_text())
+
+
+def spec_of(job: Path):
+    return LargeBatchJob.model_validate(yaml.safe_load(job.read_text())).spec
+
+
+def test_capacity_changes_keep_the_global_batch_exact(tmp_path):
+    total = 120_000
+    job = write_job(
+        tmp_path,
+        "capacity",
+        task={
+            "entrypoint": "largebatch_trainer.tasks:pylm",
+            "args": {"width": 32, "depth": 1, "heads": 2, "context": 32},
+        },
+        workers={"min": 1, "max": 2},
+        batch={"initial": 32, "max": 64, "microBatchPerDevice": 16, "policy": {"type": "seesaw"}},
+        optimizer={"name": "adamw", "lr": 0.003},
+        schedule={"totalSamples": total, "warmupSamples": 1_200, "minLrRatio": 0.05},
+        checkpoint={"everySteps": 50},
+    )
+    run_dir = tmp_path / "run"
+    result = lbctl_run(job, run_dir, "--capacity", "0:1,25%:2,65%:1", "--restart-cost", "0")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (run_dir / "run.png").read_bytes()[:4] == b"\x89PNG"
+    assert record["complete"] and record["samplesConsumed"] == total
+    history = record["history"]
+    assert history[0]["firstSample"] == 0
+    assert all(a["firstSample"] + a["globalBatch"] * a["steps"] == b["firstSample"] for a, b in pairwise(history))
+    # The batch follows the plan exactly, whatever the world size: it changes where phases() says.
+    spec = spec_of(job)
+    planned = [(p.start, p.global_batch) for p in schedule.phases(spec)]
+    batch_changes = [(h["firstSample"], h["globalBatch"]) for i, h in enumerate(history)
+                     if i == 0 or history[i - 1]["globalBatch"] != h["globalBatch"]]  # fmt: skip
+    assert batch_changes == [(start, b) for i, (start, b) in enumerate(planned) if i == 0 or planned[i - 1][1] != b]
+    # The world size follows the capacity: 1, then 2 from 25% on, then 1 again from 65% on.
+    worlds = [(h["firstSample"], h["worldSize"]) for h in history]
+    changes = [(s, w) for i, (s, w) in enumerate(worlds) if i == 0 or worlds[i - 1][1] != w]
+    assert [w for _, w in changes] == [1, 2, 1], history
+    assert changes[1][0] >= 0.25 * total and changes[2][0] >= 0.65 * total
+    # While the capacity was short, accumulation made up the difference: batch 32 on one 16-sample rank.
+    short = [t for t in record["timeline"] if t["worldSize"] == 1 and t["globalBatch"] == 32]
+    assert short and all(t["accumulationSteps"] == 2 and t["microBatch"] == 16 for t in short)
+    late = [t for t in record["timeline"] if t["worldSize"] == 1 and t["globalBatch"] == 64]
+    assert late and all(t["accumulationSteps"] == 4 for t in late)
+    assert [r["to"] for r in record["rescales"]] == [2, 1]
+
+
+def linreg_job(tmp_path, name: str, total: int) -> Path:
+    return write_job(
+        tmp_path,
+        name,
+        task={"args": {"dim": 64, "samples": 65_536}},
+        workers={"min": 1, "max": 2},
+        batch={"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}},
+        schedule={"totalSamples": total, "warmupSamples": 320},
+        checkpoint={"everySteps": 100},
+    )
+
+
+def trainer_workers(job: Path) -> list[int]:
+    """PIDs of trainer processes (not torchrun agents) running this job file."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"torch.distributed.run" not in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
+    total = 32 * 12_000
+    job, run_dir = linreg_job(tmp_path, "killed", total), tmp_path / "run"
+    runner = start_lbctl(job, run_dir)
+    try:
+        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
+        victims = trainer_workers(job)
+        assert victims
+        kill_tree(victims[0])
+        output, _ = runner.communicate(timeout=300)
+        assert runner.returncode == 0, output.decode()[-3000:]
+    finally:
+        kill_tree(runner.pid)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["complete"] and record["samplesConsumed"] == total
+    assert record["elasticRestarts"] >= 1
+
+
+def test_ctrl_c_leaves_no_process_behind_and_a_second_run_resumes(tmp_path):
+    total = 32 * 12_000
+    job, run_dir = linreg_job(tmp_path, "interrupted", total), tmp_path / "run"
+    runner = start_lbctl(job, run_dir)
+    try:
+        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
+        children = descendants(runner.pid)
+        assert len(children) >= 2  # a torchrun agent and its worker
+        stopped_at = progress_of(run_dir)["progress"]["samples"]
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=120) == 130
+    finally:
+        kill_tree(runner.pid)
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    assert alive == [], f"left behind: {alive}"
+    assert trainer_workers(job) == []
+    interrupted = json.loads((run_dir / "run.json").read_text())
+    assert not interrupted["complete"] and interrupted["samplesConsumed"] >= stopped_at
+    # The same command again resumes from the checkpoint and finishes.
+    result = lbctl_run(job, run_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["complete"] and record["samplesConsumed"] == total and record["sessions"] == 2
+    assert record["history"][0]["firstSample"] == 0
+    resumed = [t for t in record["timeline"] if t["session"] == 2]
+    assert resumed and min(t["samples"] for t in resumed) >= interrupted["samplesConsumed"] - 32 * 100
+
+
+def test_a_job_whose_workers_cannot_start_fails_with_their_error(tmp_path):
+    job = write_job(tmp_path, "broken", task={"args": {"dim": 8, "no_such_argument": 1}})
+    result = lbctl_run(job, tmp_path / "run", timeout=300)
+    assert result.returncode == 1
+    assert "unexpected keyword argument 'no_such_argument'" in result.stderr
+    assert trainer_workers(job) == []
