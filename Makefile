@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: venv
-	$(LBCTL) plan examples/quickstart.yaml
+	$(LBCTL) run examples/quickstart.yaml --local
 
 test: venv
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks

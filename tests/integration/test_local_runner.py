@@ -35,6 +35,17 @@ def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
     )
 
 
+def start_training(job: Path, run_dir: Path) -> subprocess.Popen:
+    """`lbctl run` in the background, returned once it is past its first 200 steps."""
+    runner = start_lbctl(job, run_dir)
+    try:
+        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
+    except BaseException:
+        kill_tree(runner.pid)
+        raise
+    return runner
+
+
 def progress_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "progress.json").read_text())
 
@@ -114,9 +125,8 @@ def trainer_workers(job: Path) -> list[int]:
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
     total = 32 * 12_000
     job, run_dir = linreg_job(tmp_path, "killed", total), tmp_path / "run"
-    runner = start_lbctl(job, run_dir)
+    runner = start_training(job, run_dir)
     try:
-        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
         victims = trainer_workers(job)
         assert victims
         kill_tree(victims[0])
@@ -132,9 +142,8 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
 def test_ctrl_c_leaves_no_process_behind_and_a_second_run_resumes(tmp_path):
     total = 32 * 12_000
     job, run_dir = linreg_job(tmp_path, "interrupted", total), tmp_path / "run"
-    runner = start_lbctl(job, run_dir)
+    runner = start_training(job, run_dir)
     try:
-        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
         children = descendants(runner.pid)
         assert len(children) >= 2  # a torchrun agent and its worker
         stopped_at = progress_of(run_dir)["progress"]["samples"]

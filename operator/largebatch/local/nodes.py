@@ -4,6 +4,7 @@ runner hosts, so that any node can come and go."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,7 +85,8 @@ def last_error(node: Node, lines: int = 3) -> str:
         text = node.log.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    errors = [line for line in text if "Error" in line and not line.startswith(("E1", "W1", "I1"))]
+    # torchrun's own log lines start with a level letter and a date (E1130 ...); the workers' do not.
+    errors = [line for line in text if "Error" in line and not re.match(r"^[EWI]\d{4} ", line)]
     return "\n".join(errors[-lines:])
 
 

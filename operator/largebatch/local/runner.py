@@ -7,6 +7,7 @@ start, stop or lose nodes at any moment, and a second `lbctl run` of the same ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -68,6 +69,7 @@ class LocalRun:
         self.pending_rescale: tuple[float, int] | None = None  # (when, step at the time)
         self.report: dict = {}
         self.failures = 0
+        self.generation = 0
         self.step_at_failure: int | None = None
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ class LocalRun:
             metrics_port=self.options.metrics_port,
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         try:
             finished = self._loop()
         finally:
@@ -179,8 +181,12 @@ class LocalRun:
             self.last_rescale = time.monotonic()
             self.pending_rescale = (self.last_rescale, progress.step)
         self.display.event(f"{current} → {decision.workers} nodes: {decision.reason}")
+        if not self.nodes:
+            # Agents that give up close their rendezvous for good; a fresh group needs a fresh one.
+            self.generation += 1
         while len(self.nodes) < decision.workers:
-            self.nodes.append(start_node(self.settings, self.next_index))
+            settings = dataclasses.replace(self.settings, run_id=f"{self.settings.run_id}-{self.generation}")
+            self.nodes.append(start_node(settings, self.next_index))
             self.next_index += 1
         while len(self.nodes) > decision.workers:
             stop_node(self.nodes.pop())
@@ -198,6 +204,7 @@ class LocalRun:
         p, plan = self.report.get("progress", {}), self.report.get("plan", {})
         entry = {
             "session": self.state.sessions,
+            "seconds": round(self.state.wall_seconds + time.monotonic() - self.started, 2),
             "samples": progress.samples,
             "step": progress.step,
             "nodes": len(self.nodes),
