@@ -27,7 +27,10 @@ BASE = {
     "metadata": {"name": "ttt"},
     "spec": {
         "image": "bench",
-        "task": {"entrypoint": "largebatch_trainer.tasks:pylm", "args": {"width": 64, "depth": 2, "heads": 2, "context": 64}},
+        "task": {
+            "entrypoint": "largebatch_trainer.tasks:pylm",
+            "args": {"width": 64, "depth": 2, "heads": 2, "context": 64},
+        },
         "workers": {"min": 1, "max": 2, "accelerator": "none"},
         "batch": {"initial": 16, "max": 64, "microBatchPerDevice": 8},
         "optimizer": {"name": "adamw", "lr": 0.003, "baseBatch": 16, "scaling": "sqrt", "weightDecay": 0.1},
@@ -76,8 +79,9 @@ def main() -> None:
     target = smoothed(records["constant"]["timeline"])[-1][2]
     print(f"pylm {BASE['spec']['task']['args']}, {args.samples:,} samples, batch 16 → max 64, micro-batch 8,")
     print(f"{args.slots} local nodes at most; target = constant batch's final smoothed training loss {target:.4f}\n")
-    header = f"{'policy':<14}{'held-out loss':>14}{'serial steps':>14}{'wall s':>9}{'steps to target':>17}{'s to target':>13}"
-    print(header)
+    columns = [("policy", -14), ("held-out loss", 14), ("serial steps", 14), ("wall s", 9)]
+    columns += [("steps to target", 17), ("s to target", 13)]
+    print("".join(f"{name:<{-width}}" if width < 0 else f"{name:>{width}}" for name, width in columns))
     base_steps = records["constant"]["serialSteps"]
     for name, record in records.items():
         reached = next(((step, sec) for step, sec, loss in smoothed(record["timeline"]) if loss <= target), None)
