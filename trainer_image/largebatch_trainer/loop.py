@@ -44,9 +44,10 @@ class Options:
 class _Norms:
     """Squared norms of this step's local (pre-all-reduce) and global gradients, filled by the hook."""
 
-    def __init__(self):
-        self.local_sq = torch.zeros((), dtype=torch.float64)
-        self.global_sq = torch.zeros((), dtype=torch.float64)
+    def __init__(self, device: torch.device):
+        # On the training device: reading them on the host would synchronise inside the backward pass.
+        self.local_sq = torch.zeros((), dtype=torch.float64, device=device)
+        self.global_sq = torch.zeros((), dtype=torch.float64, device=device)
 
     def reset(self) -> None:
         self.local_sq.zero_()
@@ -57,11 +58,11 @@ def _sum_hook(norms, bucket):  # unannotated: DDP checks real annotations, and t
     """DDP communication hook: all-reduce each gradient bucket with SUM (the loss is already divided by
     the global batch) and record its squared norm before and after."""
     buffer = bucket.buffer()
-    norms.local_sq += torch.linalg.vector_norm(buffer).double().square().cpu()
+    norms.local_sq += torch.linalg.vector_norm(buffer).double().square()
 
     def record(future):
         reduced = future.value()[0]
-        norms.global_sq += torch.linalg.vector_norm(reduced).double().square().cpu()
+        norms.global_sq += torch.linalg.vector_norm(reduced).double().square()
         return reduced
 
     return dist.all_reduce(buffer, async_op=True).get_future().then(record)
@@ -88,7 +89,7 @@ class Trainer:
             self.model = torch.nn.parallel.DistributedDataParallel(
                 self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
-            self.hook = _Norms()
+            self.hook = _Norms(self.device)
             self.model.register_comm_hook(self.hook, _sum_hook)
         self.metrics = Metrics(self.job.metadata.name, self.env.rank, options.metrics_port)
         self.metrics.restarts.set(self.env.restart_count)
@@ -160,8 +161,8 @@ class Trainer:
 
         if self.hook is not None:
             self.hook.reset()
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        micro_norms: list[tuple[int, float]] = []  # single worker: (samples, |G_micro|²)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        micro_norms: list[tuple[int, torch.Tensor]] = []  # single worker: (samples, |G_micro|²)
         params = [p for p in self.module.parameters() if p.requires_grad]
         for m, size in enumerate(micro):
             # A rank with no samples still runs the micro-step (DDP needs every rank's gradients) on one
@@ -181,11 +182,12 @@ class Trainer:
                 else:
                     scaled.backward()
             if size:
-                loss_sum += step_loss.detach().double().cpu()
+                loss_sum += step_loss.detach().double()
                 position += size
 
-        # Small-batch statistics, the global loss and the stop flag travel in one all-reduce.
-        stats = torch.zeros(5, dtype=torch.float64)
+        # Small-batch statistics, the global loss and the stop flag travel in one all-reduce:
+        # [loss sum, Σ |G_small|², Σ 1/B_small, small batches, stop].
+        stats = torch.zeros(5, dtype=torch.float64, device=self.device)
         stats[0] = loss_sum
         stats[4] = float(self.stop_requested)
         rank_samples = sum(micro)
@@ -193,35 +195,35 @@ class Trainer:
             stats[1] = self.hook.local_sq * (batch / rank_samples) ** 2
             stats[2] = 1.0 / rank_samples
             stats[3] = 1.0
-        elif world == 1:
-            for size, g_sq in micro_norms:
-                stats[1] += g_sq
-                stats[2] += 1.0 / size
-                stats[3] += 1.0
+        elif micro_norms:
+            stats[1] = torch.stack([g_sq for _, g_sq in micro_norms]).sum()
+            stats[2] = sum(1.0 / size for size, _ in micro_norms)
+            stats[3] = len(micro_norms)
         # The all-reduce overlaps the optimizer step; nothing below needs it until after the step.
         pending = dist.all_reduce(stats, async_op=True) if world > 1 else None
         if world > 1:
-            global_sq = float(self.hook.global_sq)
-        else:
+            global_sq = self.hook.global_sq.clone()
+        elif micro_norms:
             global_sq = _squared_norm([p.grad for p in params if p.grad is not None])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if pending is not None:
             pending.wait()
-        if stats[3] >= 2:  # at least two small batches: the estimators are defined
-            b_small = float(stats[3] / stats[2])
+        loss_total, small_sq, inverse_sizes, smalls, stop = stats.tolist()  # the step's one host sync
+        if smalls >= 2:  # at least two small batches: the estimators are defined
+            b_small = smalls / inverse_sizes
             if b_small < batch:
-                self.noise.update(b_small, float(stats[1] / stats[3]), batch, global_sq)
+                self.noise.update(b_small, small_sq / smalls, batch, float(global_sq))
 
         self._record(plan, world)
         self.progress = dataclasses.replace(schedule.advance(self.progress, plan), noise_scale=self.noise.value)
         elapsed = time.perf_counter() - started
-        self.last_loss = float(stats[0]) / batch
+        self.last_loss = loss_total / batch
         rate = batch / elapsed
         self.throughput = rate if self.throughput is None else 0.9 * self.throughput + 0.1 * rate
         self._update_metrics(plan, split, elapsed)
         self._report()
-        return bool(stats[4])
+        return bool(stop)
 
     def _record(self, plan: schedule.Plan, world: int) -> None:
         last = self.history[-1] if self.history else None
@@ -305,8 +307,8 @@ class Trainer:
             dist.destroy_process_group()
 
 
-def _squared_norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.stack(torch._foreach_norm(tensors)).double().pow(2).sum()) if tensors else 0.0
+def _squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(torch._foreach_norm(tensors)).double().square().sum()
 
 
 def _to(data, device: torch.device):
