@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 LBCTL  := $(VENV)/bin/lbctl
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv crds lint
+.PHONY: run test venv crds lint cluster-tools cluster-up cluster-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,19 @@ venv: $(STAMP)
 run: venv
 	$(LBCTL) run examples/quickstart.yaml --local
 
-test: venv
+test: venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks
 	$(PY) -m pytest
+
+# The test control plane: pinned upstream binaries built from their Go modules into ~/.cache/largebatch.
+cluster-tools:
+	tests/cluster/build_tools.sh
+
+cluster-up: venv cluster-tools
+	$(PY) -m tests.cluster up --dir .cluster
+
+cluster-down: venv
+	$(PY) -m tests.cluster down --dir .cluster
 
 crds: venv
 	$(LBCTL) crd > crds/largebatchjobs.largebatch.io.yaml

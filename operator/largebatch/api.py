@@ -68,8 +68,14 @@ class _Model(BaseModel):
 
 
 def _sub(model: type[_Model]) -> Any:
-    """A nested block that may be omitted: it then takes its own defaults (also in the API server)."""
-    return Field(default_factory=model, json_schema_extra={"default": {}})
+    """A nested block that may be omitted: it then takes its own defaults. The CRD spells the defaults
+    out in full: the API server checks the block's CEL rules against the default as written."""
+    return Field(
+        default_factory=model,
+        json_schema_extra=lambda schema: schema.update(
+            default=model().model_dump(mode="json", by_alias=True, exclude_none=True)
+        ),
+    )
 
 
 # A Kubernetes resource quantity ("500m", "4Gi", 2).

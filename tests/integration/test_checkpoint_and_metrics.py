@@ -7,15 +7,22 @@ import json
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-from trainer_helpers import PYTHON, covered_samples, final_state, free_port, run_standalone, trainer_env, write_job
 
-from conftest import ROOT
+from tests.helpers import ROOT, wait_for
+from tests.integration.trainer_helpers import (
+    PYTHON,
+    covered_samples,
+    final_state,
+    free_port,
+    run_standalone,
+    trainer_env,
+    write_job,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,20 +42,6 @@ def long_job(tmp_path, name):
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def wait_for(condition, timeout: float = 60.0, what: str = ""):
-    """Poll an observable condition (not a fixed sleep) until it holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except OSError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):

@@ -11,8 +11,9 @@ import subprocess
 import pytest
 import torch
 import torch.distributed as dist
-from test_checkpoint_and_metrics import wait_for
-from trainer_helpers import (
+
+from tests.helpers import wait_for
+from tests.integration.trainer_helpers import (
     TORCHRUN,
     covered_samples,
     final_state,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_helpers import final_state, params, run_standalone, write_job
 
 from largebatch import schedule
 from largebatch.api import LargeBatchJob
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.tasks import load_task
+from tests.integration.trainer_helpers import final_state, params, run_standalone, write_job
 
 pytestmark = pytest.mark.integration
 

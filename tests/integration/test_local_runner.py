@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_checkpoint_and_metrics import wait_for
-from trainer_helpers import PYTHON, kill_tree, trainer_env, write_job
 
 from largebatch import schedule
 from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import descendants
+from tests.helpers import wait_for
+from tests.integration.trainer_helpers import PYTHON, kill_tree, trainer_env, write_job
 
 pytestmark = pytest.mark.integration
 

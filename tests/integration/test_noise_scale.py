@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_helpers import final_state, run_standalone, write_job
 
 from largebatch_trainer.tasks.linear_regression import noise_scale
+from tests.integration.trainer_helpers import final_state, run_standalone, write_job
 
 pytestmark = pytest.mark.integration
 

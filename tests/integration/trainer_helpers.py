@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from conftest import merge, spec_dict
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
+from tests.helpers import merge, spec_dict
 
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

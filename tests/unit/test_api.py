@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from conftest import EXAMPLES, example, make_spec, spec_dict
 from largebatch import api
+from tests.helpers import EXAMPLES, example, make_spec, spec_dict
 
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 

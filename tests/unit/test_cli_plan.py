@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import EXAMPLES, ROOT
+from tests.helpers import EXAMPLES, ROOT
 
 
 def lbctl(*args: str) -> subprocess.CompletedProcess:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import make_spec
 from largebatch import controller, schedule
 from largebatch.controller import Observation, decide
+from tests.helpers import make_spec
 
 SPEC = make_spec(
     workers={"min": 1, "max": 8},

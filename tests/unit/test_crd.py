@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from conftest import ROOT
 from largebatch import crd
+from tests.helpers import ROOT
 
 CRD_PATH = ROOT / "crds" / crd.CRD_FILE
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 DOCKERFILES = sorted(ROOT.glob("*/Dockerfile"))
 

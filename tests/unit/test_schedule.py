@@ -7,9 +7,9 @@ from itertools import pairwise
 
 import pytest
 
-from conftest import make_spec
 from largebatch import schedule
 from largebatch.schedule import Progress
+from tests.helpers import make_spec
 
 
 def test_the_seesaw_example_doubles_four_times_at_the_cosine_halvings(seesaw_example):

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_spec
 from largebatch import schedule
 from largebatch.schedule import Progress
+from tests.helpers import make_spec
 
 
 @given(

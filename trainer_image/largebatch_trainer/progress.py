@@ -33,8 +33,8 @@ class KubernetesSink:
 
         try:
             config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        except config.ConfigException:  # outside a pod: $KUBECONFIG or ~/.kube/config
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         self.api = client.CustomObjectsApi()
         self.namespace, self.name = namespace, name
 

@@ -1,0 +1,1 @@
+"""The test control plane (see cluster.py)."""

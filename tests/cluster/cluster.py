@@ -1,0 +1,288 @@
+"""A real Kubernetes control plane as local processes, the way controller-runtime's envtest runs one:
+etcd, kube-apiserver (TLS, RBAC), kube-scheduler and kube-controller-manager with kubeconfigs of
+their own, and KWOK, which plays the kubelet for fake nodes (GPU nodes with `nvidia.com/gpu`).
+
+    python -m tests.cluster up [--dir .cluster] [--gpu-nodes 2] [--gpus-per-node 8] [--cpu-nodes 1]
+    python -m tests.cluster down [--dir .cluster]
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+HERE = Path(__file__).resolve().parent
+FAKE = "kwok.x-k8s.io/node"
+
+
+def tools() -> Path:
+    """Build the binaries if they are missing (tests/cluster/build_tools.sh) and return their folder."""
+    out = subprocess.run([str(HERE / "build_tools.sh")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- certificates ---------------------------------------------------------------------------------
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _certificate(subject: x509.Name, key, issuer_cert, issuer_key, *, ca=False, server_names=(), client=False):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_cert.subject if issuer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server_names:
+        names = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in server_names]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    if not ca:
+        usages = [x509.ExtendedKeyUsageOID.SERVER_AUTH] if server_names else []
+        usages += [x509.ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return builder.sign(issuer_key or key, hashes.SHA256())
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+@dataclass
+class Pki:
+    directory: Path
+
+    def create(self) -> None:
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        self.ca_key = _key()
+        self.ca_cert = _certificate(_name("largebatch-test-ca"), self.ca_key, None, None, ca=True)
+        self._write("ca", self.ca_key, self.ca_cert)
+        serving_names = [
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "10.0.0.1",
+        ]
+        self._issue("apiserver", _name("kube-apiserver"), server_names=serving_names)
+        self._issue("admin", _name("admin", "system:masters"), client=True)
+        self._issue("scheduler", _name("system:kube-scheduler"), client=True)
+        self._issue("controller-manager", _name("system:kube-controller-manager"), client=True)
+        self._issue("kwok", _name("kwok", "system:masters"), client=True)
+        sa = _key()
+        (d / "sa.key").write_bytes(_pem_key(sa))
+        (d / "sa.pub").write_bytes(
+            sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+
+    def _issue(self, name: str, subject: x509.Name, **kw) -> None:
+        key = _key()
+        self._write(name, key, _certificate(subject, key, self.ca_cert, self.ca_key, **kw))
+
+    def _write(self, name: str, key, cert) -> None:
+        (self.directory / f"{name}.key").write_bytes(_pem_key(key))
+        (self.directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def path(self, name: str) -> str:
+        return str(self.directory / name)
+
+    def kubeconfig(self, user: str, server: str, path: Path) -> Path:
+        def b64(name: str) -> str:
+            return base64.b64encode((self.directory / name).read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
+            "users": [
+                {
+                    "name": user,
+                    "user": {"client-certificate-data": b64(f"{user}.crt"), "client-key-data": b64(f"{user}.key")},
+                }
+            ],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
+            "current-context": "test",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+
+# --- the cluster ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    directory: Path
+    bin: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.directory / "admin.kubeconfig"
+
+    def start(self, gpu_nodes: int = 2, gpus_per_node: int = 8, cpu_nodes: int = 1, timeout: float = 60) -> None:
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        pki = Pki(d / "pki")
+        pki.create()
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{api_port}"
+        self._spawn(
+            "etcd",
+            [
+                "--name=test", f"--data-dir={d / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}", f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=test=http://127.0.0.1:{peer_port}", "--unsafe-no-fsync",
+            ],
+        )  # fmt: skip
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--secure-port={api_port}", "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1", f"--cert-dir={d / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.path('apiserver.crt')}", f"--tls-private-key-file={pki.path('apiserver.key')}",
+                f"--client-ca-file={pki.path('ca.crt')}", "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki.path('sa.pub')}",
+                f"--service-account-signing-key-file={pki.path('sa.key')}",
+                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            ],
+        )  # fmt: skip
+        pki.kubeconfig("admin", self.server, self.kubeconfig)
+        self._wait_ready(timeout)
+        self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={pki.kubeconfig('controller-manager', self.server, d / 'cm.kubeconfig')}",
+                "--leader-elect=false", "--use-service-account-credentials=true", "--secure-port=0",
+                f"--service-account-private-key-file={pki.path('sa.key')}", f"--root-ca-file={pki.path('ca.crt')}",
+                f"--cluster-signing-cert-file={pki.path('ca.crt')}", f"--cluster-signing-key-file={pki.path('ca.key')}",
+            ],
+        )  # fmt: skip
+        self._spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={pki.kubeconfig('scheduler', self.server, d / 'scheduler.kubeconfig')}",
+                "--leader-elect=false", "--secure-port=0",
+            ],
+        )  # fmt: skip
+        self._spawn(
+            "kwok",
+            [
+                f"--kubeconfig={pki.kubeconfig('kwok', self.server, d / 'kwok.kubeconfig')}",
+                "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE}=fake",
+                "--node-ip=10.1.0.1", "--cidr=10.2.0.0/16", f"--config={self.bin / 'kwok-stages.yaml'}",
+            ],
+        )  # fmt: skip
+        for i in range(gpu_nodes):
+            self.add_node(f"gpu-{i}", gpus=gpus_per_node)
+        for i in range(cpu_nodes):
+            self.add_node(f"cpu-{i}", gpus=0)
+        (d / "pids").write_text("\n".join(f"{n} {p.pid}" for n, p in self.processes.items()))
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.directory / f"{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(
+            [str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def kubectl(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        command = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        return subprocess.run(command, check=check, capture_output=True, text=True, **kw)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode}; see {self.directory / (name + '.log')}"
+                    )
+            if self.kubectl("get", "--raw=/readyz", check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout} s; see {self.directory}/kube-apiserver.log")
+
+    def add_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi") -> None:
+        allocatable = {"cpu": cpu, "memory": memory, "pods": "110"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {FAKE: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": name,
+                    "largebatch.io/gpu": str(bool(gpus)).lower(),
+                },
+            },
+            "spec": {"taints": [{"key": FAKE, "value": "fake", "effect": "NoSchedule"}]},
+            "status": {"allocatable": allocatable, "capacity": allocatable},
+        }
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
+        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=30s")
+        # The node-lifecycle controller taints a new node not-ready until it has seen it Ready.
+        deadline = time.monotonic() + 30
+        taints = ("get", f"node/{name}", "-o", "jsonpath={.spec.taints}")
+        while "node.kubernetes.io/not-ready" in self.kubectl(*taints).stdout:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {name} kept its not-ready taint")
+            time.sleep(0.2)
+
+    def remove_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--wait=true")
+
+    def token_for(self, service_account: str, namespace: str = "default") -> str:
+        return self.kubectl("create", "token", service_account, "-n", namespace).stdout.strip()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()

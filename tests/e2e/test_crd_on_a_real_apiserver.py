@@ -1,0 +1,100 @@
+"""The generated CRD on a real kube-apiserver: it is accepted (structural), defaults apply, CEL rules
+reject bad jobs at `kubectl apply` with their message, `kubectl explain` and the printer columns work,
+and the trainer's Kubernetes progress sink patches the status subresource."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from kubernetes import client
+
+from largebatch import api
+from largebatch_trainer.progress import KubernetesSink
+from tests.helpers import EXAMPLES, ROOT
+
+pytestmark = pytest.mark.e2e
+
+CRD = ROOT / "crds" / "largebatchjobs.largebatch.io.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/largebatchjobs.largebatch.io", "--timeout=30s")
+    return cluster
+
+
+def apply(cluster, document: dict, namespace: str):
+    return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document), check=False)
+
+
+def seesaw() -> dict:
+    return yaml.safe_load((EXAMPLES / "seesaw.yaml").read_text())
+
+
+def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        result = apply(crd, yaml.safe_load(path.read_text()), namespace)
+        assert result.returncode == 0, f"{path.name}: {result.stderr}"
+    stored = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw"
+    )
+    assert stored["spec"]["metrics"]["port"] == 9404  # the whole block was omitted
+    assert (
+        stored["spec"]["workers"]["pod"] == {"nodeSelector": {}, "tolerations": []}
+        or "pod" in stored["spec"]["workers"]
+    )
+    assert stored["spec"]["optimizer"]["eps"] == 1e-8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s["workers"].update(min=20, max=16), "workers.min must be <= workers.max"),
+        (lambda s: s["batch"].update(initial=8192), "batch.initial must be <= batch.max"),
+        (
+            lambda s: s["schedule"].update(warmupSamples=25600000),
+            "schedule.warmupSamples must be < schedule.totalSamples",
+        ),
+        (lambda s: s["batch"]["policy"]["seesaw"].update(batchFactor=4), "Seesaw stability limit"),
+        (lambda s: s["schedule"].update(decay="constant"), "seesaw needs a decaying schedule"),
+        (lambda s: s["batch"]["policy"].update(type="linearRamp"), "linearRamp is required"),
+        (lambda s: s["optimizer"].update(name="lion"), 'Unsupported value: "lion"'),
+    ],
+)
+def test_bad_jobs_are_rejected_at_apply_with_the_rule_message(crd, namespace, change, message):
+    document = copy.deepcopy(seesaw())
+    change(document["spec"])
+    result = apply(crd, document, namespace)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_explain_and_printer_columns(crd, namespace):
+    explained = crd.kubectl("explain", "lbj.spec.batch.policy.seesaw.factor").stdout
+    assert "LR decay step that triggers a cut" in explained
+    assert apply(crd, seesaw(), namespace).returncode == 0
+    table = crd.kubectl("get", "lbj", "-n", namespace).stdout.splitlines()[0].split()
+    for column in ("PHASE", "WORKERS", "GLOBAL", "ACCUM", "LR", "STEP", "LOSS", "AGE"):
+        assert column in table
+
+
+def test_the_trainer_patches_progress_into_the_status_subresource(crd, namespace, monkeypatch):
+    assert apply(crd, seesaw(), namespace).returncode == 0
+    monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
+    sink = KubernetesSink(namespace, "pylm-seesaw")
+    sink.report(
+        {
+            "progress": {"step": 12, "samples": 3072, "loss": 2.5, "noiseScale": 310.0, "samplesPerSecond": 900.0},
+            "plan": {"globalBatch": 256, "microBatch": 256, "accumulationSteps": 1, "worldSize": 1, "lr": 0.001,
+                     "policyPhase": "warmup"},
+        }
+    )  # fmt: skip
+    status = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw"
+    )["status"]
+    assert status["progress"]["samples"] == 3072 and status["plan"]["globalBatch"] == 256
+    row = crd.kubectl("get", "lbj", "pylm-seesaw", "-n", namespace, "--no-headers").stdout.split()
+    assert "256" in row and "12" in row and "2.5" in row

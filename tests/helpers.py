@@ -1,0 +1,59 @@
+"""Shared test helpers: job specs built from a small valid base, and polling for observable conditions."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import yaml
+
+from largebatch.api import LargeBatchJob, LargeBatchJobSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+BASE_SPEC = {
+    "image": "trainer:test",
+    "task": {"entrypoint": "largebatch_trainer.tasks:linreg"},
+    "workers": {"min": 1, "max": 4, "accelerator": "none"},
+    "batch": {"initial": 16, "max": 256, "microBatchPerDevice": 16},
+    "optimizer": {"name": "sgd", "lr": 0.1},
+    "schedule": {"totalSamples": 100_000, "warmupSamples": 1_000},
+}
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def spec_dict(**overrides) -> dict:
+    return merge(BASE_SPEC, overrides)
+
+
+def make_spec(**overrides) -> LargeBatchJobSpec:
+    return LargeBatchJobSpec.model_validate(spec_dict(**overrides))
+
+
+def example(name: str) -> LargeBatchJob:
+    return LargeBatchJob.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = ""):
+    """Poll an observable condition (not a fixed sleep) until it holds; OSError counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
