@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
-from tests.cluster.cluster import Cluster, tools
+from tests.cluster.cluster import Cluster, stop_groups, tools
 
 
 def main() -> None:
@@ -23,14 +21,8 @@ def main() -> None:
     directory = args.dir.resolve()
     if args.action == "down":
         pids = directory / "pids"
-        if pids.exists():
-            for line in pids.read_text().splitlines():
-                name, pid = line.split()
-                try:
-                    os.killpg(int(pid), signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            time.sleep(1)
+        groups = [int(line.split()[1]) for line in pids.read_text().splitlines()] if pids.exists() else []
+        stop_groups(groups)
         shutil.rmtree(directory, ignore_errors=True)
         print(f"cluster in {directory} stopped")
         return

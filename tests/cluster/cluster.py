@@ -275,14 +275,30 @@ class Cluster:
         return self.kubectl("create", "token", service_account, "-n", namespace).stdout.strip()
 
     def stop(self) -> None:
+        """Stop in reverse start order (the API server shuts down quickly only while etcd is up)."""
+        stop_groups([p.pid for p in self.processes.values()])
         for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            process.wait()
         self.processes.clear()
+
+
+def stop_groups(groups: list[int], grace: float = 10.0) -> None:
+    """SIGTERM each process group, last started first, and SIGKILL what is still there after `grace`."""
+    for group in reversed(groups):
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _alive(group):
+            time.sleep(0.1)
+        if _alive(group):
+            os.killpg(group, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; its parent has yet to reap it
