@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import socket
 import time
 from pathlib import Path
 
@@ -57,3 +58,10 @@ def wait_for(condition, timeout: float = 60.0, what: str = ""):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -13,7 +13,6 @@ import datetime
 import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from tests.helpers import free_port
+
 HERE = Path(__file__).resolve().parent
 FAKE = "kwok.x-k8s.io/node"
 
@@ -33,12 +34,6 @@ def tools() -> Path:
     """Build the binaries if they are missing (tests/cluster/build_tools.sh) and return their folder."""
     out = subprocess.run([str(HERE / "build_tools.sh")], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- certificates ---------------------------------------------------------------------------------

@@ -13,12 +13,11 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import ROOT, wait_for
+from tests.helpers import ROOT, free_port, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
     covered_samples,
     final_state,
-    free_port,
     run_standalone,
     trainer_env,
     write_job,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,12 +62,6 @@ def final_state(checkpoint_dir: Path) -> dict:
 
 def params(state: dict) -> dict[str, torch.Tensor]:
     return state["model"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:
