@@ -91,16 +91,24 @@ def last_error(node: Node, lines: int = 3) -> str:
 
 
 def stop_node(node: Node, grace: float = 60.0) -> None:
-    """SIGTERM the agent (it stops its workers, which checkpoint), then make sure nothing is left."""
-    workers = descendants(node.process.pid)  # before the agent exits and they lose their parent
-    if node.alive:
-        node.process.send_signal(signal.SIGTERM)
+    stop_nodes([node], grace)
+
+
+def stop_nodes(nodes: list[Node], grace: float = 60.0) -> None:
+    """SIGTERM every agent at once (they stop their workers, which agree to stop after the same step
+    and checkpoint), wait, then make sure nothing of them is left."""
+    workers = {node.index: descendants(node.process.pid) for node in nodes}  # before they lose their parent
+    for node in nodes:
+        if node.alive:
+            node.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for node in nodes:
         try:
-            node.process.wait(timeout=grace)
+            node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    kill(workers + [node.process.pid, *descendants(node.process.pid)])
-    node.process.wait()
+        kill(workers[node.index] + [node.process.pid, *descendants(node.process.pid)])
+        node.process.wait()
 
 
 def kill_tree(pid: int) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from largebatch import controller, schedule
 from largebatch.api import LargeBatchJob
-from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node
+from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node, stop_nodes
 
 TICK_SECONDS = 0.5
 DEFAULT_RESTART_SECONDS = 10.0
@@ -93,8 +93,8 @@ class LocalRun:
         try:
             finished = self._loop()
         finally:
-            for node in self.nodes:
-                stop_node(node)
+            stop_nodes(self.nodes)
+            self.nodes = []
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.state.wall_seconds += time.monotonic() - started
@@ -117,9 +117,6 @@ class LocalRun:
                 return True
             if self.stopping:
                 self.display.event("stopping: nodes checkpoint and exit")
-                for node in self.nodes:
-                    stop_node(node)
-                self.nodes = []
                 return False
             capacity = self._capacity(progress)
             if not done:
