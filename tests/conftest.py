@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from largebatch.api import LargeBatchJob
 from tests.helpers import example
@@ -11,3 +14,11 @@ from tests.helpers import example
 @pytest.fixture
 def seesaw_example() -> LargeBatchJob:
     return example("seesaw.yaml")
+
+
+# CI runs the same examples every time (a failure there is reproducible); a person running the tests
+# gets fresh random examples, and `--hypothesis-profile=thorough` searches harder.
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("thorough", max_examples=2_000, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
