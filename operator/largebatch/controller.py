@@ -58,7 +58,8 @@ def decide(spec: LargeBatchJobSpec, seen: Observation) -> Decision:
     batch = schedule.plan(spec, seen.progress).policy_batch
     wanted = schedule.desired_workers(spec, batch, seen.capacity)
     if seen.capacity is not None and n > seen.capacity:
-        return Decision(seen.capacity, f"capacity fell to {seen.capacity} workers")
+        limit = min(seen.capacity, spec.workers.max)
+        return Decision(limit, f"capacity fell to {seen.capacity} workers")
     if n > spec.workers.max:
         return Decision(spec.workers.max, f"workers.max is {spec.workers.max}")
     if n < spec.workers.min:
