@@ -91,7 +91,7 @@ def worker(steps: int, block: int, out: str) -> None:
         times["largebatch"].append(timed(trainer._step))
     if rank == 0:
         Path(out).write_text(json.dumps(times))
-    trainer.close()
+    trainer.close(clean=True)
 
 
 def launch(steps: int, block: int) -> dict[str, list[float]]:

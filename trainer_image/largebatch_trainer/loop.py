@@ -302,8 +302,12 @@ class Trainer:
         self.module.train()
         return total / count
 
-    def close(self) -> None:
+    def close(self, clean: bool) -> None:
+        """Leave the process group. After a clean finish, wait for every rank first: a rank that tears
+        its connections down while a peer still uses them can abort in gloo's C++ threads."""
         if dist.is_initialized():
+            if clean:
+                dist.barrier()
             dist.destroy_process_group()
 
 

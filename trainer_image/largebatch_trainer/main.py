@@ -55,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         report_seconds=args.report_seconds,
     )
     trainer = Trainer(job, options)
+    finished, clean = False, False
     try:
         finished = trainer.run()
+        clean = True  # finished, or every rank agreed to stop after the same step
     finally:
-        trainer.close()
+        trainer.close(clean)
     return 0 if finished else 143  # 143: stopped by SIGTERM/SIGINT after a checkpoint
 
 
