@@ -87,6 +87,23 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
     torch.testing.assert_close(resumed["model"], reference["model"], rtol=1e-5, atol=1e-6)
 
 
+def test_a_worker_started_after_the_end_reports_the_final_loss(tmp_path):
+    """torchelastic may restart a worker after the last step (a peer failed at exit): it loads the final
+    checkpoint, has nothing to do, and must still report the loss and held-out loss of the finished run."""
+    job = write_job(tmp_path, "ended", schedule={"totalSamples": 16 * 200, "warmupSamples": 160})
+    progress_file = tmp_path / "progress.json"
+    run_standalone(job, 0, "--progress-file", str(progress_file))
+    finished = json.loads(progress_file.read_text())
+    assert finished["done"] is True and finished["progress"]["loss"] > 0
+    progress_file.unlink()
+    run_standalone(job, 0, "--progress-file", str(progress_file))
+    again = json.loads(progress_file.read_text())
+    assert again["done"] is True and again["progress"]["step"] == finished["progress"]["step"]
+    assert again["progress"]["loss"] == finished["progress"]["loss"]
+    assert again["progress"]["evalLoss"] == finished["progress"]["evalLoss"]
+    assert again["plan"] == finished["plan"]
+
+
 def test_every_exported_metric_is_documented():
     source = (ROOT / "trainer_image" / "largebatch_trainer" / "metrics.py").read_text()
     documented = (ROOT / "docs" / "metrics.md").read_text()

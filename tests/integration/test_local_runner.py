@@ -109,34 +109,45 @@ def linreg_job(tmp_path, name: str, total: int) -> Path:
     )
 
 
-def trainer_workers(job: Path) -> list[int]:
-    """PIDs of trainer processes (not torchrun agents) running this job file."""
-    found = []
+def trainer_workers(job: Path) -> dict[int, int]:
+    """{rank: PID} of the trainer processes (not torchrun agents) running this job file."""
+    found = {}
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
         except OSError:
             continue
-        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"torch.distributed.run" not in argv:
-            found.append(int(entry.name))
+        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"largebatch_trainer.torchrun" not in argv:
+            found[int(environ.get(b"RANK", b"0"))] = int(entry.name)
     return found
 
 
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
     total = 32 * 12_000
     job, run_dir = linreg_job(tmp_path, "killed", total), tmp_path / "run"
-    runner = start_training(job, run_dir)
+    runner = start_lbctl(job, run_dir)
     try:
-        victims = trainer_workers(job)
-        assert victims
-        kill_tree(victims[0])
+        # The state the fault needs: both nodes train together, and the victim (rank 1, whose agent is not
+        # the one that reports) is the worker that took the latest steps.
+        wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2, timeout=120, what="two nodes training")
+        victim = wait_for(lambda: trainer_workers(job).get(1), what="the rank-1 worker")
+        step = progress_of(run_dir)["progress"]["step"]
+        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > step + 20, what="steps after finding the victim")
+        assert trainer_workers(job).get(1) == victim
+        kill_tree(victim)
+        # What the fault must cause: the job restarts its worker group and resumes training.
+        wait_for(lambda: progress_of(run_dir).get("restartCount", 0) >= 1, timeout=120, what="an elastic restart")
         output, _ = runner.communicate(timeout=300)
         assert runner.returncode == 0, output.decode()[-3000:]
     finally:
         kill_tree(runner.pid)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["complete"] and record["samplesConsumed"] == total
-    assert record["elasticRestarts"] >= 1
+    assert record["elasticRestarts"] >= 1 and record["finalLoss"] is not None
+    spans = [(h["firstSample"], h["firstSample"] + h["globalBatch"] * h["steps"]) for h in record["history"]]
+    assert spans[0][0] == 0 and spans[-1][1] == total
+    assert all(a[1] == b[0] for a, b in pairwise(spans)), "samples skipped or repeated across the restart"
 
 
 def test_ctrl_c_leaves_no_process_behind_and_a_second_run_resumes(tmp_path):
@@ -153,7 +164,7 @@ def test_ctrl_c_leaves_no_process_behind_and_a_second_run_resumes(tmp_path):
         kill_tree(runner.pid)
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
     assert alive == [], f"left behind: {alive}"
-    assert trainer_workers(job) == []
+    assert trainer_workers(job) == {}
     interrupted = json.loads((run_dir / "run.json").read_text())
     assert not interrupted["complete"] and interrupted["samplesConsumed"] >= stopped_at
     # The same command again resumes from the checkpoint and finishes.
@@ -171,4 +182,4 @@ def test_a_job_whose_workers_cannot_start_fails_with_their_error(tmp_path):
     result = lbctl_run(job, tmp_path / "run", timeout=300)
     assert result.returncode == 1
     assert "unexpected keyword argument 'no_such_argument'" in result.stderr
-    assert trainer_workers(job) == []
+    assert trainer_workers(job) == {}

@@ -57,6 +57,18 @@ def test_linreg_noise_scale_closed_form_matches_monte_carlo():
     assert linreg_module.noise_scale(w, 8, 0.7) == pytest.approx(empirical, rel=0.03)
 
 
+def test_linreg_held_out_samples_come_from_the_same_regression():
+    """At w* the held-out loss is the noise floor σ²/2; the samples differ from the training ones."""
+    task = linreg(dim=8, samples=4_096, noise=0.5, data_seed=3)
+    w_star = linreg_module.true_weights(8, 3)
+    held_out = task.eval_dataset
+    assert not torch.equal(held_out.x, task.dataset.x)
+    floor = float((held_out.x @ w_star - held_out.y).pow(2).mean() / 2)
+    assert floor == pytest.approx(0.5**2 / 2, rel=0.1)
+    fitted = torch.linalg.lstsq(held_out.x, held_out.y[:, None]).solution.squeeze(-1)
+    assert float((fitted - w_star).norm()) < 0.05
+
+
 def test_load_task_seeds_the_model_and_checks_the_type():
     a = load_task("largebatch_trainer.tasks:pylm", {"width": 16, "depth": 1, "heads": 2, "context": 8}, seed=5)
     b = load_task("largebatch_trainer.tasks:pylm", {"width": 16, "depth": 1, "heads": 2, "context": 8}, seed=5)

@@ -30,7 +30,8 @@ def tiny() -> Tiny:
 
 
 def paper_lamb(w, grads, lr, beta1, beta2, eps, wd, trust: bool):
-    """You et al. (2020), algorithm 2, with φ(z) = min(z, 10); `trust=False` is plain Adam with decay."""
+    """You et al. (2020), algorithm 2, with φ(z) = min(z, 10); `trust=False` is plain Adam with decay.
+    The trust ratio's denominator carries pytorch-optimizer's ε(1−β₂ᵗ)/(1−β₁ᵗ) (docs/trainer.md)."""
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     w = w.clone()
     for t, g in enumerate(grads, start=1):
@@ -38,7 +39,8 @@ def paper_lamb(w, grads, lr, beta1, beta2, eps, wd, trust: bool):
         v = beta2 * v + (1 - beta2) * g * g
         m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
         r = m_hat / (v_hat.sqrt() + eps) + wd * w
-        ratio = min(float(w.norm()), 10.0) / float(r.norm()) if trust else 1.0
+        library_eps = eps * (1 - beta2**t) / (1 - beta1**t)
+        ratio = min(float(w.norm()), 10.0) / (float(r.norm()) + library_eps) if trust else 1.0
         w = w - lr * ratio * r
     return w
 
@@ -60,8 +62,24 @@ def test_a_lamb_step_is_the_papers_update():
     expected_weight = paper_lamb(weight0, [g for g, _ in grads], 0.01, 0.9, 0.999, 1e-6, 0.1, trust=True)
     # Bias: no weight decay and no trust ratio (the paper exempts bias and norm parameters).
     expected_bias = paper_lamb(bias0, [g for _, g in grads], 0.01, 0.9, 0.999, 1e-6, 0.0, trust=False)
-    torch.testing.assert_close(model.linear.weight.detach(), expected_weight, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(model.linear.bias.detach(), expected_bias, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.linear.weight.detach(), expected_weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(model.linear.bias.detach(), expected_bias, rtol=1e-6, atol=1e-7)
+
+
+def test_a_zero_weight_gets_a_trust_ratio_of_one():
+    """The paper's φ(0) = 0 would leave a zero weight at zero; the library (and we) take an Adam step."""
+    model = tiny()
+    with torch.no_grad():
+        model.linear.weight.zero_()
+    optimizer = optim.build(OptimizerSpec(name="lamb", lr=0.01, weight_decay=0.0, eps=1e-6), model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optim.set_lr(optimizer, 0.01)
+    optimizer.step()
+    # The paper's r is 1/(1 + ε) here; with a trust ratio of 1 the library steps lr·r in its own units,
+    # which are the paper's times (1 − β₁)/√(1 − β₂) at step 1.
+    scale = (1 - 0.9) / math.sqrt(1 - 0.999)
+    torch.testing.assert_close(model.linear.weight.detach(), torch.full((2, 3), -0.01 * scale / (1 + 1e-6)))
 
 
 def test_bias_and_norm_parameters_get_no_weight_decay():

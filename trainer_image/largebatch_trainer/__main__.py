@@ -1,7 +1,5 @@
 """`python -m largebatch_trainer`."""
 
-import sys
+from largebatch_trainer.main import run
 
-from largebatch_trainer.main import main
-
-sys.exit(main())
+run()

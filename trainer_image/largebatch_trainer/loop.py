@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gc
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +83,9 @@ class Trainer:
         self.stream = SampleStream(len(self.task.dataset), self.spec.task.seed)
         self.progress = schedule.Progress()
         self.history: list[list[int]] = []  # [first step, first sample, batch, world size, steps]
-        self.stop_requested = False
+        self.stop = _StopFlag()
+        self._plan: dict = {}
+        self.last_loss: float | None = None
         self._resume()
         self.model = self.module
         self.hook = None
@@ -92,10 +96,9 @@ class Trainer:
             self.hook = _Norms(self.device)
             self.model.register_comm_hook(self.hook, _sum_hook)
         self.metrics = Metrics(self.job.metadata.name, self.env.rank, options.metrics_port)
-        self.metrics.restarts.set(self.env.restart_count)
-        self._plan: dict = {}
+        self.restarts = _restarts_of_any_agent(self.env.restart_count, self.device)
+        self.metrics.restarts.set(self.restarts)
         self.throughput: float | None = None
-        self.last_loss: float | None = None
         self._last_report = 0.0
 
     # --- state ------------------------------------------------------------------------------------
@@ -111,6 +114,9 @@ class Trainer:
         self.noise.load_state_dict(state["noise"])
         self.history = state["history"]
         torch.set_rng_state(state["rng"])
+        # What the last step reported, so that a worker restarted after the end still reports it.
+        self.last_loss = state.get("loss")
+        self._plan = state.get("plan", {})
 
     def _save(self) -> None:
         if self.env.rank != 0:
@@ -123,19 +129,18 @@ class Trainer:
             "noise": self.noise.state_dict(),
             "history": self.history,
             "rng": torch.get_rng_state(),
+            "loss": self.last_loss,
+            "plan": self._plan,
         }
         checkpoint.save(self.options.checkpoint_dir, self.progress.step, payload, self.spec.checkpoint.keep)
         self.metrics.checkpoint_seconds.set(time.perf_counter() - started)
-
-    def _on_signal(self, signum, _frame) -> None:
-        self.stop_requested = True
 
     # --- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> bool:
         """Train until the data budget is spent (True) or a stop is requested (False)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
+            signal.signal(signum, self.stop.set)
         total = self.spec.schedule.total_samples
         every = self.spec.checkpoint.every_steps
         while self.progress.samples < total:
@@ -144,8 +149,8 @@ class Trainer:
                 self._save()
             if stop:
                 self._report(force=True)
+                print(f"rank {self.env.rank}: stopped after step {self.progress.step}", file=sys.stderr, flush=True)
                 return False
-        self._report(force=True, done=True)
         return True
 
     def _step(self) -> bool:
@@ -189,7 +194,7 @@ class Trainer:
         # [loss sum, Σ |G_small|², Σ 1/B_small, small batches, stop].
         stats = torch.zeros(5, dtype=torch.float64, device=self.device)
         stats[0] = loss_sum
-        stats[4] = float(self.stop_requested)
+        stats[4] = float(self.stop.requested)
         rank_samples = sum(micro)
         if world > 1 and rank_samples:
             stats[1] = self.hook.local_sq * (batch / rank_samples) ** 2
@@ -277,8 +282,12 @@ class Trainer:
             "progress": {k: v for k, v in progress.items() if v is not None},
             "plan": self._plan,
             "done": done,
-            "restartCount": self.env.restart_count,
+            "restartCount": self.restarts,
         }
+
+    def report_done(self) -> None:
+        """The job's data budget is spent (called after `close`, when every rank has finished)."""
+        self._report(force=True, done=True)
 
     def _report(self, force: bool = False, done: bool = False) -> None:
         if self.env.rank != 0 or self.options.sink is None:
@@ -303,12 +312,40 @@ class Trainer:
         return total / count
 
     def close(self, clean: bool) -> None:
-        """Leave the process group. After a clean finish, wait for every rank first: a rank that tears
-        its connections down while a peer still uses them can abort in gloo's C++ threads."""
-        if dist.is_initialized():
-            if clean:
-                dist.barrier()
-            dist.destroy_process_group()
+        """Leave the process group, every rank together when the run ended cleanly.
+
+        DDP goes first, so that its communication hook and the hook's state are released here, on the
+        main thread, and not during interpreter shutdown. The group's gloo threads outlive all of this
+        (DDP's C++ reducer keeps the group alive: docs/trainer.md, "Ending"), which is why a finished
+        worker leaves through `main.exit_process`."""
+        if not dist.is_initialized():
+            return
+        if clean:
+            dist.barrier()  # every rank has finished its last step and the final checkpoint is written
+        self.model, self.hook = self.module, None
+        gc.collect()
+        dist.destroy_process_group()
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the signal handler holds this flag, not the trainer."""
+
+    def __init__(self):
+        self.requested = False
+
+    def set(self, _signum=None, _frame=None) -> None:
+        self.requested = True
+
+
+def _restarts_of_any_agent(own: int, device: torch.device) -> int:
+    """The most worker-group restarts any agent of the job has made. Each agent counts its own: when
+    one node's worker dies, its agent counts a restart, while a peer may see only a membership change
+    and count none; rank 0 alone would then report no restart at all."""
+    if not dist.is_initialized():
+        return own
+    count = torch.tensor([own], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def _squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:

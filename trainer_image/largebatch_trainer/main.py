@@ -61,8 +61,26 @@ def main(argv: list[str] | None = None) -> int:
         clean = True  # finished, or every rank agreed to stop after the same step
     finally:
         trainer.close(clean)
+    if finished:
+        trainer.report_done()  # after close: every rank has finished, and none is left in the group
     return 0 if finished else 143  # 143: stopped by SIGTERM/SIGINT after a checkpoint
 
 
+def exit_process(code: int) -> None:
+    """End the process at once, once everything it owes is written (checkpoints are fsynced, progress
+    reported, the process group left). gloo's threads cannot be joined (see `Trainer.close`), and a
+    normal exit would finalise Python and run exit-time destructors while they still run: the moment
+    at which ranks were seen dying with SIGABRT. Only a finished or a stopped run leaves this way; an
+    exception takes the normal path, with its traceback and torchelastic's error file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run() -> None:
+    """The console script and `python -m largebatch_trainer`."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

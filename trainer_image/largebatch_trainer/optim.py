@@ -13,7 +13,11 @@ LAMB (You et al. 2020) as in the paper's algorithm: Adam moments with bias corre
 weight decay inside the update r = m̂/(√v̂ + ε) + λw, trust ratio φ(‖w‖)/‖r‖ with φ(z) = min(z, 10).
 pytorch-optimizer's `Lamb` corrects neither moment inside r; since the trust ratio makes the update
 invariant to the scale of r, giving it ε√(1−β₂ᵗ) and λ(1−β₁ᵗ)/√(1−β₂ᵗ) each step yields the paper's
-update exactly (and the plain-Adam groups get the bias-corrected step size). `set_lr` does this.
+update (and the plain-Adam groups get the bias-corrected step size). `set_lr` does this. Two
+differences remain, both the library's: its trust ratio divides by ‖r‖ + ε(1−β₂ᵗ)/(1−β₁ᵗ) in the
+paper's units (negligible beside ‖r‖), and a weight with zero norm gets a trust ratio of 1, as the
+reference implementations do, where the paper's φ(0) = 0 would never move it (that one step is then
+the paper's r times (1−β₁ᵗ)/√(1−β₂ᵗ); docs/trainer.md).
 """
 
 from __future__ import annotations

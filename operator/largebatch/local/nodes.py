@@ -47,7 +47,8 @@ def start_node(settings: NodeSettings, index: int) -> Node:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"node-{index}.log"
     command = [
-        sys.executable, "-m", "torch.distributed.run",
+        # torchrun with a short exit barrier (largebatch_trainer/torchrun.py says why).
+        sys.executable, "-m", "largebatch_trainer.torchrun",
         f"--nnodes={spec.workers.min}:{spec.workers.max}",
         f"--nproc-per-node={spec.workers.devices_per_worker}",
         "--rdzv-backend=c10d",

@@ -21,6 +21,9 @@ from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, s
 
 TICK_SECONDS = 0.5
 DEFAULT_RESTART_SECONDS = 10.0
+# Once rank 0 has reported the job done (every rank has left the process group by then), agents leave
+# by themselves within a monitor interval or two; the ones still there after this are stopped.
+FINISH_GRACE_SECONDS = 3.0
 # Nodes that die this many times in a row without the job taking a step mean the job cannot run.
 MAX_FAILURES_WITHOUT_PROGRESS = 2
 
@@ -107,10 +110,12 @@ class LocalRun:
     def _loop(self) -> bool:
         total = self.spec.schedule.total_samples
         while True:
-            self.report = _read_json(self.progress_file) or self.report
+            self.report = _merge(self.report, _read_json(self.progress_file))
             self.state.elastic_restarts = max(self.state.elastic_restarts, self.report.get("restartCount", 0))
             progress = self._progress()
             done = bool(self.report.get("done")) and progress.samples >= total
+            if done and self.nodes:
+                self._finish()
             self._reap(done)
             if done and not self.nodes:
                 self._observe(progress, capacity=self._capacity(progress))
@@ -123,6 +128,14 @@ class LocalRun:
                 self._act(progress, capacity)
             self._observe(progress, capacity)
             time.sleep(TICK_SECONDS)
+
+    def _finish(self) -> None:
+        """Every rank is done: let the agents leave, and stop those that would wait in torchelastic's exit
+        barrier for a peer that is not coming (see largebatch_trainer/torchrun.py)."""
+        deadline = time.monotonic() + FINISH_GRACE_SECONDS
+        while time.monotonic() < deadline and any(node.alive for node in self.nodes):
+            time.sleep(0.1)
+        stop_nodes([node for node in self.nodes if node.alive])
 
     def _progress(self) -> schedule.Progress:
         p = self.report.get("progress", {})
@@ -241,6 +254,17 @@ class LocalRun:
             ],
             "timeline": self.state.timeline,
         }
+
+
+def _merge(old: dict, new: dict | None) -> dict:
+    """The newest report, keeping the values of the previous one that it lacks (a worker that has just
+    restarted has no loss or plan yet): the view never blanks a value it had a moment before."""
+    if new is None:
+        return old
+    merged = {**old, **new}
+    for key in ("progress", "plan"):
+        merged[key] = {**old.get(key, {}), **new.get(key, {})}
+    return merged
 
 
 def _read_json(path: Path) -> dict | None:

@@ -29,8 +29,10 @@ def true_weights(dim: int, data_seed: int) -> torch.Tensor:
     return w / w.norm()
 
 
-def make_data(dim: int, samples: int, noise: float, data_seed: int) -> LinearData:
-    g = torch.Generator().manual_seed(data_seed + 1)
+def make_data(dim: int, samples: int, noise: float, data_seed: int, sample_seed: int) -> LinearData:
+    """`samples` draws of (x, y) from the regression whose w* `data_seed` fixes; `sample_seed` picks the
+    draws, so that training and held-out sets share w* and differ only in their samples."""
+    g = torch.Generator().manual_seed(sample_seed)
     x = torch.randn(samples, dim, generator=g)
     y = x @ true_weights(dim, data_seed) + noise * torch.randn(samples, generator=g)
     return LinearData(x, y)
@@ -52,7 +54,7 @@ def build(dim: int = 16, samples: int = 65_536, noise: float = 1.0, data_seed: i
 
     return Task(
         model=model,
-        dataset=make_data(dim, samples, noise, data_seed),
+        dataset=make_data(dim, samples, noise, data_seed, sample_seed=data_seed + 1),
         loss=loss,
-        eval_dataset=make_data(dim, 4_096, noise, data_seed + 7),
+        eval_dataset=make_data(dim, 4_096, noise, data_seed, sample_seed=data_seed + 7),
     )

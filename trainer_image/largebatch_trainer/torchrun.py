@@ -1,0 +1,39 @@
+"""`python -m largebatch_trainer.torchrun ARGS`: torchrun, with the one setting its command line lacks.
+
+When an agent's workers have finished, torchelastic holds the agent in an "exit barrier" until every
+other agent of the rendezvous round has finished too, for up to `exit_barrier_timeout` seconds (300 by
+default, settable only through the Python API). The barrier protects a rendezvous store hosted by one
+of the agents; largebatch's store is hosted outside every agent (the runner's, or the job's rendezvous
+pod), and all ranks of a job finish at the same step (they agree on it through the per-step
+all-reduce), so agents reach the barrier within a second or two of each other. A peer that has not
+arrived after EXIT_BARRIER_SECONDS is not coming: its worker was restarted into a new round, or its
+node is gone. Waiting five minutes for it only delays the end of the job; see docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from torch.distributed import run
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.launcher import api as launcher
+
+EXIT_BARRIER_SECONDS = float(os.environ.get("LARGEBATCH_EXIT_BARRIER_SECONDS", "10"))
+
+
+class Agent(LocalElasticAgent):
+    """torchrun's agent with largebatch's exit barrier timeout."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("exit_barrier_timeout", EXIT_BARRIER_SECONDS)
+        super().__init__(*args, **kwargs)
+
+
+def main() -> None:
+    # torchrun builds its agent through this module's name; there is no other way to pass the timeout.
+    launcher.LocalElasticAgent = Agent
+    run.main()
+
+
+if __name__ == "__main__":
+    main()
