@@ -85,7 +85,7 @@ def launch(ranks: int, mode: str, launcher: str) -> dict:
         text = log.read_text(errors="replace")
         report = _read(progress)
         tail = ended - progress.stat().st_mtime if progress.exists() else None
-        stopped = report.get("done") is True if mode == "clean" else _all_stopped(text, ranks)
+        stopped = report.get("progress", {}).get("done") is True if mode == "clean" else _all_stopped(text, ranks)
         ok = code == 0 if mode == "clean" else stopped
         aborted = bool(ABORT.search(text))
         return {"code": code, "ok": ok and not aborted, "aborted": aborted, "tail": tail, "log": text}

@@ -439,6 +439,16 @@ class ProgressStatus(_Model):
     """Smoothed gradient noise scale B_simple."""
     samples_per_second: float | None = None
     """Training throughput."""
+    policy_batch: int | None = Field(default=None, ge=1)
+    """Global batch the batch policy chose for the last step (the last step itself may be cut short by
+    the end of the data budget); the LR rule and the policy's next decision start from it."""
+    last_change_step: int | None = Field(default=None, ge=0)
+    """Step at which the batch policy last changed the batch (criticalBatch's minStepsBetweenChanges
+    counts from it)."""
+    done: bool | None = None
+    """The data budget is spent and every rank has left the process group."""
+    elastic_restarts: int | None = Field(default=None, ge=0)
+    """The most worker-group restarts any torchrun agent of the job has made."""
     time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     """When rank 0 reported this."""
 

@@ -16,6 +16,7 @@ resumes), so a rescale costs `restart_seconds` of the whole job. The rule:
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -41,10 +42,35 @@ class Observation:
     """Expected cost of a rescale (measured by the shell when it can)."""
 
 
+class Kind(str, enum.Enum):
+    """What a decision is, for machines: condition reasons, Event reasons and metric labels."""
+
+    START = "Start"
+    """Fewer workers than workers.min: start the ones the batch wants."""
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    """The cluster cannot place workers.min workers: wait."""
+    CAPACITY_LIMITED = "CapacityLimited"
+    """Fewer workers than the batch wants fit (or the capacity fell): accumulation carries the batch."""
+    ABOVE_MAX = "AboveMax"
+    """More workers than workers.max (the spec was edited): shrink to it."""
+    STEADY = "Steady"
+    """The workers serve the batch."""
+    COOLING_DOWN = "CoolingDown"
+    """A rescale happened too recently to grow again."""
+    NOT_WORTH_RESTART = "NotWorthRestart"
+    """Growing would save less time than the restart costs."""
+    GROW = "Grow"
+    """Add workers for a larger batch."""
+    COMPLETE = "Complete"
+    """Training is complete."""
+
+
 @dataclass(frozen=True)
 class Decision:
     workers: int
+    kind: Kind
     reason: str
+    """One sentence with the numbers, for people."""
 
     def changes(self, current: int) -> bool:
         return self.workers != current
@@ -54,34 +80,51 @@ def decide(spec: LargeBatchJobSpec, seen: Observation) -> Decision:
     total = spec.schedule.total_samples
     n = seen.workers
     if seen.progress.samples >= total:
-        return Decision(n, "training complete")
+        return Decision(n, Kind.COMPLETE, "training complete")
     batch = schedule.plan(spec, seen.progress).policy_batch
     wanted = schedule.desired_workers(spec, batch, seen.capacity)
     if seen.capacity is not None and n > seen.capacity:
         limit = min(seen.capacity, spec.workers.max)
-        return Decision(limit, f"capacity fell to {seen.capacity} workers")
+        return Decision(limit, Kind.CAPACITY_LIMITED, f"capacity fell to {seen.capacity} workers")
     if n > spec.workers.max:
-        return Decision(spec.workers.max, f"workers.max is {spec.workers.max}")
+        return Decision(spec.workers.max, Kind.ABOVE_MAX, f"workers.max is {spec.workers.max}")
     if n < spec.workers.min:
         if seen.capacity is not None and seen.capacity < spec.workers.min:
-            return Decision(n, f"waiting for capacity: {seen.capacity} < workers.min {spec.workers.min}")
-        return Decision(wanted, f"start {wanted} workers for batch {batch}")
+            return Decision(
+                n,
+                Kind.WAITING_FOR_CAPACITY,
+                f"waiting for capacity: {seen.capacity} < workers.min {spec.workers.min}",
+            )
+        return Decision(wanted, Kind.START, f"start {wanted} workers for batch {batch}")
     if wanted <= n:
-        return Decision(n, f"{n} workers serve batch {batch}")
+        unlimited = schedule.desired_workers(spec, batch)
+        if unlimited > n:
+            return Decision(n, Kind.CAPACITY_LIMITED, _short_of(spec, batch, unlimited, n))
+        return Decision(n, Kind.STEADY, f"{n} workers serve batch {batch}")
     cooldown = seen.restart_seconds * 2
     if seen.seconds_since_rescale is not None and seen.seconds_since_rescale < cooldown:
         return Decision(
-            n, f"cooling down: {seen.seconds_since_rescale:.0f} s since the last rescale < {cooldown:.0f} s"
+            n,
+            Kind.COOLING_DOWN,
+            f"cooling down: {seen.seconds_since_rescale:.0f} s since the last rescale < {cooldown:.0f} s",
         )
     if seen.samples_per_second:
         remaining = (total - seen.progress.samples) / seen.samples_per_second
         gain = remaining * (1 - n / wanted)
         if gain <= seen.restart_seconds:
             return Decision(
-                n, f"{n}→{wanted} workers would save {gain:.0f} s, less than a {seen.restart_seconds:.0f} s restart"
+                n,
+                Kind.NOT_WORTH_RESTART,
+                f"{n}→{wanted} workers would save {gain:.0f} s, less than a {seen.restart_seconds:.0f} s restart",
             )
-        return Decision(wanted, f"batch {batch}: {n}→{wanted} workers saves ~{gain:.0f} s")
-    return Decision(wanted, f"batch {batch} wants {wanted} workers")
+        return Decision(wanted, Kind.GROW, f"batch {batch}: {n}→{wanted} workers saves ~{gain:.0f} s")
+    return Decision(wanted, Kind.GROW, f"batch {batch} wants {wanted} workers")
+
+
+def _short_of(spec: LargeBatchJobSpec, batch: int, wanted: int, placed: int) -> str:
+    devices = placed * spec.workers.devices_per_worker
+    accumulation = schedule.split(batch, devices, spec.batch.micro_batch_per_device).accumulation_steps
+    return f"batch {batch} needs {wanted} workers, {placed} fit: accumulation {accumulation}"
 
 
 # --- capacity schedules (`lbctl run --capacity 0:1,30%:3,70%:2`) ---------------------------------------

@@ -67,7 +67,7 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
         assert metrics["largebatch_samples_per_second"] > 0
         report = wait_for(lambda: json.loads(progress_file.read_text()), what="a progress report")
         assert report["progress"]["step"] > 0 and report["plan"]["globalBatch"] == 16
-        assert report["done"] is False
+        assert report["progress"]["done"] is False
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 143
     finally:
@@ -77,7 +77,7 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
     # Resume: the same command without the signal runs to the end.
     run_standalone(job, 0, "--progress-file", str(progress_file))
     resumed = final_state(tmp_path / "interrupted-ckpt")
-    assert json.loads(progress_file.read_text())["done"] is True
+    assert json.loads(progress_file.read_text())["progress"]["done"] is True
     reference_job = long_job(tmp_path, "reference")
     run_standalone(reference_job, 0)
     reference = final_state(tmp_path / "reference-ckpt")
@@ -94,11 +94,11 @@ def test_a_worker_started_after_the_end_reports_the_final_loss(tmp_path):
     progress_file = tmp_path / "progress.json"
     run_standalone(job, 0, "--progress-file", str(progress_file))
     finished = json.loads(progress_file.read_text())
-    assert finished["done"] is True and finished["progress"]["loss"] > 0
+    assert finished["progress"]["done"] is True and finished["progress"]["loss"] > 0
     progress_file.unlink()
     run_standalone(job, 0, "--progress-file", str(progress_file))
     again = json.loads(progress_file.read_text())
-    assert again["done"] is True and again["progress"]["step"] == finished["progress"]["step"]
+    assert again["progress"]["done"] is True and again["progress"]["step"] == finished["progress"]["step"]
     assert again["progress"]["loss"] == finished["progress"]["loss"]
     assert again["progress"]["evalLoss"] == finished["progress"]["evalLoss"]
     assert again["plan"] == finished["plan"]

@@ -12,13 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from largebatch import launch
 from tests.helpers import wait_for
 from tests.integration.trainer_helpers import (
-    TORCHRUN,
+    PYTHON,
     covered_samples,
     final_state,
     kill_tree,
     run_standalone,
+    spec_of,
     trainer_env,
     write_job,
 )
@@ -40,14 +42,17 @@ def job(tmp_path, name):
 
 
 def agent(job_path, port: int, progress) -> subprocess.Popen:
-    env = trainer_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LARGEBATCH_PROGRESS_FILE": str(progress)}
-    env["LARGEBATCH_REPORT_SECONDS"] = "0.1"
-    command = [
-        TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
-        "--rdzv-conf=is_host=false,last_call_timeout=1", "--max-restarts=3", "--monitor-interval=1",
-        "-m", "largebatch_trainer", "--job", str(job_path),
-    ]  # fmt: skip
+    """One worker node, launched as the shells launch it."""
+    command = launch.torchrun_args(
+        spec_of(job_path), str(job_path), launch.Rendezvous(f"127.0.0.1:{port}", "elastic-test"), python=PYTHON
+    )
+    env = trainer_env() | launch.trainer_env(
+        checkpoint_dir=str(job_path.with_name("elastic-ckpt")),
+        metrics_port=0,
+        progress_file=str(progress),
+        report_seconds=0.1,
+        device="cpu",
+    )
     log = open(progress.with_name(f"agent-{len(list(progress.parent.glob('agent-*')))}.log"), "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 

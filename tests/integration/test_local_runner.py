@@ -9,13 +9,11 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-import yaml
 
 from largebatch import schedule
-from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import descendants
 from tests.helpers import wait_for
-from tests.integration.trainer_helpers import PYTHON, kill_tree, trainer_env, write_job
+from tests.integration.trainer_helpers import PYTHON, kill_tree, spec_of, trainer_env, write_job
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +46,6 @@ def start_training(job: Path, run_dir: Path) -> subprocess.Popen:
 
 def progress_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "progress.json").read_text())
-
-
-def spec_of(job: Path):
-    return LargeBatchJob.model_validate(yaml.safe_load(job.read_text())).spec
 
 
 def test_capacity_changes_keep_the_global_batch_exact(tmp_path):
@@ -97,6 +91,56 @@ def test_capacity_changes_keep_the_global_batch_exact(tmp_path):
     assert [r["to"] for r in record["rescales"]] == [2, 1]
 
 
+def test_under_critical_batch_the_controller_plans_the_batch_the_trainer_takes(tmp_path):
+    """The controller rebuilds the policy's state from rank 0's report; at every observation the batch
+    it plans for the next step must be the batch the trainer then took (its exact step history). The job
+    is set up so that the policy wants a larger batch soon after each change: only
+    `minStepsBetweenChanges`, counted from the reported `lastChangeStep`, holds it back."""
+    min_steps = 200
+    job = write_job(
+        tmp_path,
+        "critical",
+        task={"args": {"dim": 32, "samples": 65_536}},
+        workers={"min": 1, "max": 2},
+        batch={
+            "initial": 16, "max": 2048, "microBatchPerDevice": 8,
+            "policy": {"type": "criticalBatch",
+                       "criticalBatch": {"smoothing": 0.9, "minStepsBetweenChanges": min_steps}},
+        },
+        # A fixed LR (no batch scaling) decaying to 1%: SGD's noise floor |w − w*|² shrinks with the LR and
+        # with the batch, so the noise scale keeps growing and every change makes the policy want the next.
+        optimizer={"name": "sgd", "lr": 0.05, "scaling": "none"},
+        schedule={"totalSamples": 300_000, "warmupSamples": 160, "decay": "linear", "minLrRatio": 0.01},
+        checkpoint={"everySteps": 500},
+    )  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = lbctl_run(job, run_dir, "--restart-cost", "0")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["complete"]
+    taken = {}  # step -> the policy batch the trainer took at that step
+    for h in record["history"]:
+        for step in range(h["firstStep"], h["firstStep"] + h["steps"]):
+            taken[step] = h["globalBatch"]
+    changes = [s for s in sorted(taken)[1:] if taken[s] != taken[s - 1]]
+    assert len(changes) >= 2, record["history"]
+    assert all(b - a >= min_steps for a, b in pairwise(changes))
+    observed = [t for t in record["timeline"] if t["nextBatch"] is not None and t["step"] > 0]
+    disagreements = [
+        (t["step"], t["nextBatch"], taken[t["step"]]) for t in observed if taken[t["step"]] != t["nextBatch"]
+    ]
+    assert disagreements == [], "(step, controller's batch, trainer's batch)"
+    # The check has teeth: at some observations a controller blind to lastChangeStep would have planned
+    # a larger batch than the trainer took.
+    spec = spec_of(job)
+    blind = [
+        schedule.plan(spec, schedule.Progress(samples=t["samples"], step=t["step"], batch=taken[t["step"] - 1],
+                                              noise_scale=t["noiseScale"])).policy_batch
+        for t in observed
+    ]  # fmt: skip
+    assert any(b != t["nextBatch"] for b, t in zip(blind, observed, strict=True))
+
+
 def linreg_job(tmp_path, name: str, total: int) -> Path:
     return write_job(
         tmp_path,
@@ -137,7 +181,11 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
         assert trainer_workers(job).get(1) == victim
         kill_tree(victim)
         # What the fault must cause: the job restarts its worker group and resumes training.
-        wait_for(lambda: progress_of(run_dir).get("restartCount", 0) >= 1, timeout=120, what="an elastic restart")
+        wait_for(
+            lambda: progress_of(run_dir)["progress"].get("elasticRestarts", 0) >= 1,
+            timeout=120,
+            what="an elastic restart",
+        )
         output, _ = runner.communicate(timeout=300)
         assert runner.returncode == 0, output.decode()[-3000:]
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
 from tests.helpers import merge, spec_dict
@@ -32,6 +33,10 @@ def write_job(directory: Path, name: str = "job", **overrides) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
+
+
+def spec_of(job: Path) -> LargeBatchJobSpec:
+    return LargeBatchJob.model_validate(yaml.safe_load(job.read_text())).spec
 
 
 def trainer_env() -> dict[str, str]:

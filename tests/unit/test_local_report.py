@@ -6,16 +6,16 @@ from largebatch.local.runner import _merge
 
 
 def test_a_report_without_loss_or_plan_keeps_the_last_known_values():
-    before = {"progress": {"step": 40, "samples": 640, "loss": 1.5}, "plan": {"globalBatch": 16}, "done": False}
-    restarted = {"progress": {"step": 40, "samples": 640}, "plan": {}, "done": False, "restartCount": 1}
+    before = {"progress": {"step": 40, "samples": 640, "loss": 1.5, "done": False}, "plan": {"globalBatch": 16}}
+    restarted = {"progress": {"step": 40, "samples": 640, "done": False, "elasticRestarts": 1}, "plan": {}}
     merged = _merge(before, restarted)
-    assert merged["progress"] == {"step": 40, "samples": 640, "loss": 1.5}
-    assert merged["plan"] == {"globalBatch": 16} and merged["restartCount"] == 1
+    assert merged["progress"] == {"step": 40, "samples": 640, "loss": 1.5, "done": False, "elasticRestarts": 1}
+    assert merged["plan"] == {"globalBatch": 16}
 
 
 def test_newer_values_win_and_a_missing_report_changes_nothing():
     before = {"progress": {"step": 40, "loss": 1.5}, "plan": {"globalBatch": 16}}
-    after = {"progress": {"step": 41, "loss": 1.4}, "plan": {"globalBatch": 32}, "done": True}
+    after = {"progress": {"step": 41, "loss": 1.4, "done": True}, "plan": {"globalBatch": 32}}
     assert _merge(before, after) == after
     assert _merge(before, None) is before
     assert _merge({}, after) == after

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from largebatch import schedule
-from largebatch.api import LargeBatchJob
+from largebatch import report, schedule
+from largebatch.api import LargeBatchJob, PlanStatus, ProgressStatus
 from largebatch_trainer import checkpoint, optim
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.distributed import DistEnv, choose_device, init_process_group
@@ -84,7 +84,7 @@ class Trainer:
         self.progress = schedule.Progress()
         self.history: list[list[int]] = []  # [first step, first sample, batch, world size, steps]
         self.stop = _StopFlag()
-        self._plan: dict = {}
+        self.plan_status = PlanStatus()
         self.last_loss: float | None = None
         self._resume()
         self.model = self.module
@@ -116,7 +116,7 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         # What the last step reported, so that a worker restarted after the end still reports it.
         self.last_loss = state.get("loss")
-        self._plan = state.get("plan", {})
+        self.plan_status = PlanStatus.model_validate(state.get("plan") or {})
 
     def _save(self) -> None:
         if self.env.rank != 0:
@@ -130,7 +130,7 @@ class Trainer:
             "history": self.history,
             "rng": torch.get_rng_state(),
             "loss": self.last_loss,
-            "plan": self._plan,
+            "plan": self.plan_status.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
         checkpoint.save(self.options.checkpoint_dir, self.progress.step, payload, self.spec.checkpoint.keep)
         self.metrics.checkpoint_seconds.set(time.perf_counter() - started)
@@ -256,34 +256,33 @@ class Trainer:
         m.progress.set(self.progress.samples)
         if self.noise.value is not None:
             m.noise_scale.set(self.noise.value)
-        self._plan = {
-            "globalBatch": plan.global_batch,
-            "microBatch": split.max_micro_batch,
-            "accumulationSteps": split.accumulation_steps,
-            "worldSize": self.env.world_size,
-            "lr": plan.lr,
-            "policyPhase": plan.phase,
-        }
+        self.plan_status = PlanStatus(
+            global_batch=plan.global_batch,
+            micro_batch=split.max_micro_batch,
+            accumulation_steps=split.accumulation_steps,
+            world_size=self.env.world_size,
+            lr=plan.lr,
+            policy_phase=plan.phase,
+        )
 
     def status(self, done: bool = False) -> dict:
+        """The report of rank 0 (`largebatch.report`): the job's `status.progress` and `status.plan`."""
         p = self.progress
-        progress = {
-            "step": p.step,
-            "samples": p.samples,
-            "tokens": p.samples * self.task.tokens_per_sample,
-            "loss": self.last_loss,
-            "noiseScale": self.noise.value,
-            "samplesPerSecond": self.throughput,
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        }
-        if done and self.task.eval_dataset is not None:
-            progress["evalLoss"] = self.evaluate()
-        return {
-            "progress": {k: v for k, v in progress.items() if v is not None},
-            "plan": self._plan,
-            "done": done,
-            "restartCount": self.restarts,
-        }
+        progress = ProgressStatus(
+            step=p.step,
+            samples=p.samples,
+            tokens=p.samples * self.task.tokens_per_sample,
+            loss=self.last_loss,
+            eval_loss=self.evaluate() if done and self.task.eval_dataset is not None else None,
+            noise_scale=self.noise.value,
+            samples_per_second=self.throughput,
+            policy_batch=p.batch,
+            last_change_step=p.last_change_step,
+            done=done,
+            elastic_restarts=self.restarts,
+            time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        )
+        return report.report(progress, self.plan_status)
 
     def report_done(self) -> None:
         """The job's data budget is spent (called after `close`, when every rank has finished)."""

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from largebatch import jobfile
+from largebatch import jobfile, launch
 from largebatch_trainer.progress import make_sink
 
 
@@ -17,22 +17,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="largebatch-trainer", description=__doc__)
     parser.add_argument("--job", required=True, help="LargeBatchJob YAML file")
-    parser.add_argument("--checkpoint-dir", default=env("LARGEBATCH_CHECKPOINT_DIR"), help="overrides checkpoint.path")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=env("LARGEBATCH_DEVICE", "auto"))
+    parser.add_argument("--checkpoint-dir", default=env(launch.CHECKPOINT_DIR), help="overrides checkpoint.path")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=env(launch.DEVICE, "auto"))
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env("LARGEBATCH_METRICS_PORT", "-1")),
+        default=int(env(launch.METRICS_PORT, "-1")),
         help="metrics port of local rank 0 (default: the job's metrics.port; 0 disables)",
     )
-    parser.add_argument("--progress-file", default=env("LARGEBATCH_PROGRESS_FILE"), help="rank 0 writes JSON here")
+    parser.add_argument("--progress-file", default=env(launch.PROGRESS_FILE), help="rank 0 writes JSON here")
     parser.add_argument(
         "--progress-kubernetes",
-        default=env("LARGEBATCH_PROGRESS_KUBERNETES"),
+        default=env(launch.PROGRESS_KUBERNETES),
         metavar="NAMESPACE/NAME",
         help="rank 0 patches this LargeBatchJob's status",
     )
-    parser.add_argument("--report-seconds", type=float, default=float(env("LARGEBATCH_REPORT_SECONDS", "2")))
+    parser.add_argument("--report-seconds", type=float, default=float(env(launch.REPORT_SECONDS, "2")))
     return parser.parse_args(argv)
 
 

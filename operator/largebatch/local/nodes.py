@@ -12,9 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from largebatch import launch
 from largebatch.api import LargeBatchJobSpec
-
-MAX_RESTARTS = 3
 
 
 @dataclass
@@ -46,34 +45,17 @@ def start_node(settings: NodeSettings, index: int) -> Node:
     logs = settings.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"node-{index}.log"
-    command = [
-        # torchrun with a short exit barrier (largebatch_trainer/torchrun.py says why).
-        sys.executable, "-m", "largebatch_trainer.torchrun",
-        f"--nnodes={spec.workers.min}:{spec.workers.max}",
-        f"--nproc-per-node={spec.workers.devices_per_worker}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{settings.rendezvous_port}",
-        f"--rdzv-id={settings.run_id}",
-        "--rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=600",
-        # Lost peers and scale-downs use up restarts; a node that runs out exits, and the runner starts a
-        # fresh one unless the job keeps failing without progress.
-        f"--max-restarts={MAX_RESTARTS}",
-        "--monitor-interval=1",
-        "-m", "largebatch_trainer", "--job", str(settings.job_path),
-    ]  # fmt: skip
+    rendezvous = launch.Rendezvous(f"127.0.0.1:{settings.rendezvous_port}", settings.run_id)
+    command = launch.torchrun_args(spec, str(settings.job_path), rendezvous, python=sys.executable)
     port = settings.metrics_port + index * spec.workers.devices_per_worker if settings.metrics_port else 0
-    env = dict(
-        os.environ,
-        # An agent-hosted store would hang scale-up (see docs/trainer.md); the runner hosts the store.
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        LARGEBATCH_CHECKPOINT_DIR=str(settings.run_dir / "checkpoints"),
-        LARGEBATCH_PROGRESS_FILE=str(settings.run_dir / "progress.json"),
-        LARGEBATCH_REPORT_SECONDS="0.5",
-        LARGEBATCH_METRICS_PORT=str(port),
-        LARGEBATCH_DEVICE=settings.device,
-        OMP_NUM_THREADS=str(settings.threads),
-        PYTHONUNBUFFERED="1",
+    env = os.environ | launch.trainer_env(
+        checkpoint_dir=str(settings.run_dir / "checkpoints"),
+        metrics_port=port,
+        progress_file=str(settings.run_dir / "progress.json"),
+        report_seconds=0.5,
+        device=settings.device,
     )
+    env["OMP_NUM_THREADS"] = str(settings.threads)
     with open(log, "ab") as handle:
         # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from largebatch import controller, schedule
+from largebatch import controller, report, schedule
 from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node, stop_nodes
 
@@ -70,7 +70,8 @@ class LocalRun:
         self.restart_seconds = DEFAULT_RESTART_SECONDS if options.restart_seconds is None else options.restart_seconds
         self.last_rescale: float | None = None
         self.pending_rescale: tuple[float, int] | None = None  # (when, step at the time)
-        self.report: dict = {}
+        self.report: dict = {}  # rank 0's reports merged: values the last one lacks are kept from earlier ones
+        self.status = report.read(None)[0]  # rank 0's last report, exactly
         self.failures = 0
         self.generation = 0
         self.step_at_failure: int | None = None
@@ -110,10 +111,15 @@ class LocalRun:
     def _loop(self) -> bool:
         total = self.spec.schedule.total_samples
         while True:
-            self.report = _merge(self.report, _read_json(self.progress_file))
-            self.state.elastic_restarts = max(self.state.elastic_restarts, self.report.get("restartCount", 0))
-            progress = self._progress()
-            done = bool(self.report.get("done")) and progress.samples >= total
+            latest = _read_json(self.progress_file)
+            self.report = _merge(self.report, latest)
+            if latest is not None:
+                # The controller plans from exactly what rank 0 said last (a worker restarted from an older
+                # checkpoint reports an older policy state); the merged report is for people.
+                self.status = report.read(latest)[0]
+            self.state.elastic_restarts = max(self.state.elastic_restarts, self.status.elastic_restarts or 0)
+            progress = report.progress_from_status(self.status)
+            done = bool(self.status.done) and progress.samples >= total
             if done and self.nodes:
                 self._finish()
             self._reap(done)
@@ -137,15 +143,6 @@ class LocalRun:
             time.sleep(0.1)
         stop_nodes([node for node in self.nodes if node.alive])
 
-    def _progress(self) -> schedule.Progress:
-        p = self.report.get("progress", {})
-        return schedule.Progress(
-            samples=p.get("samples", 0),
-            step=p.get("step", 0),
-            batch=self.report.get("plan", {}).get("globalBatch"),
-            noise_scale=p.get("noiseScale"),
-        )
-
     def _capacity(self, progress: schedule.Progress) -> int:
         slots = self.options.slots
         if self.options.capacity:
@@ -160,7 +157,7 @@ class LocalRun:
                 continue
             self.state.restarts += 1
             self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}")
-            step = self._progress().step
+            step = self.status.step or 0
             self.failures = self.failures + 1 if step == self.step_at_failure else 1
             self.step_at_failure = step
             if self.failures >= MAX_FAILURES_WITHOUT_PROGRESS:
@@ -175,7 +172,7 @@ class LocalRun:
             progress=progress,
             workers=len(self.nodes),
             capacity=capacity,
-            samples_per_second=self.report.get("progress", {}).get("samplesPerSecond") if self.nodes else None,
+            samples_per_second=self.status.samples_per_second if self.nodes else None,
             seconds_since_rescale=None if self.last_rescale is None else time.monotonic() - self.last_rescale,
             restart_seconds=self.restart_seconds,
         )
@@ -186,7 +183,13 @@ class LocalRun:
             return
         if current:
             self.state.rescales.append(
-                {"samples": progress.samples, "from": current, "to": decision.workers, "reason": decision.reason}
+                {
+                    "samples": progress.samples,
+                    "from": current,
+                    "to": decision.workers,
+                    "kind": decision.kind.value,
+                    "reason": decision.reason,
+                }
             )
             self.last_rescale = time.monotonic()
             self.pending_rescale = (self.last_rescale, progress.step)
@@ -224,6 +227,13 @@ class LocalRun:
                 for k in ("globalBatch", "microBatch", "accumulationSteps", "worldSize", "lr", "policyPhase")
             },
             **{k: p.get(k) for k in ("loss", "noiseScale", "samplesPerSecond")},
+            # The batch the controller plans for the next step, from the reported policy state: the
+            # trainer's history must show it took exactly this one.
+            "nextBatch": (
+                schedule.plan(self.spec, progress).policy_batch
+                if progress.samples < self.spec.schedule.total_samples
+                else None
+            ),
         }
         last = self.state.timeline[-1] if self.state.timeline else None
         if p and (last is None or (last["step"], last["nodes"]) != (entry["step"], entry["nodes"])):
@@ -235,14 +245,15 @@ class LocalRun:
     def record(self) -> dict:
         """run.json: the runner's timeline plus the trainer's exact step history from the checkpoint."""
         history = _history(self.run_dir / "checkpoints")
+        shown, _ = report.read(self.report)
         return {
             "job": self.job.metadata.name,
             "totalSamples": self.spec.schedule.total_samples,
-            "samplesConsumed": self.report.get("progress", {}).get("samples", 0),
-            "complete": bool(self.report.get("done")),
-            "finalLoss": self.report.get("progress", {}).get("loss"),
-            "evalLoss": self.report.get("progress", {}).get("evalLoss"),
-            "serialSteps": self.report.get("progress", {}).get("step", 0),
+            "samplesConsumed": self.status.samples or 0,
+            "complete": bool(self.status.done),
+            "finalLoss": shown.loss,
+            "evalLoss": shown.eval_loss,
+            "serialSteps": self.status.step or 0,
             "wallSeconds": self.state.wall_seconds,
             "sessions": self.state.sessions,
             "restarts": self.state.restarts,
