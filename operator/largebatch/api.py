@@ -153,6 +153,9 @@ class WorkersSpec(_Model):
     """Container resources of each worker besides the accelerator."""
     pod: PodOverrides = _sub(PodOverrides)
     """Scheduling overrides for the worker pods."""
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    """Worker pods replaced after they failed or were lost (torchrun's own restarts inside a pod do not
+    count); one more failure and the job is Failed."""
 
     rules = (
         Rule(
@@ -373,6 +376,12 @@ class LargeBatchJobSpec(_Model):
     """Checkpointing."""
     metrics: MetricsSpec = _sub(MetricsSpec)
     """Metrics endpoint."""
+    suspend: bool = False
+    """Stop training for now: the workers checkpoint (SIGTERM) and are removed. Set back to false to
+    resume at the exact sample."""
+
+    immutable: ClassVar[tuple[str, ...]] = ("task", "batch", "optimizer", "schedule")
+    """Blocks that define the training math: the API server refuses to change them on an existing job."""
 
     rules = (
         Rule(
@@ -401,8 +410,6 @@ class WorkersStatus(_Model):
     """Worker pods running and ready."""
     pending: int | None = Field(default=None, ge=0)
     """Worker pods waiting to be scheduled."""
-    capacity_cap: int | None = Field(default=None, ge=0)
-    """Most workers the cluster could place, when known (unschedulable pods lower it)."""
 
 
 class PlanStatus(_Model):
@@ -457,7 +464,7 @@ class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str = Field(max_length=316)
-    """Condition type (Ready, Rescaling, CapacityLimited, InvalidSpec, ...)."""
+    """Condition type (Ready, Scaling, CapacityLimited, NoDurableCheckpoint, InvalidSpec, ...)."""
     status: Literal["True", "False", "Unknown"]
     """Condition status."""
     reason: str | None = Field(default=None, max_length=1024)
@@ -470,23 +477,55 @@ class Condition(_Model):
     """The spec generation this condition is about."""
 
 
+class Rescale(_Model):
+    """One change of the worker count."""
+
+    time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the operator made it."""
+    from_workers: int | None = Field(default=None, ge=0, alias="from")
+    """Workers before."""
+    to_workers: int | None = Field(default=None, ge=0, alias="to")
+    """Workers after."""
+    samples: int | None = Field(default=None, ge=0)
+    """Samples consumed at the time."""
+    kind: str | None = Field(default=None, max_length=64)
+    """The controller's decision (Grow, CapacityLimited, AboveMax, ...)."""
+    reason: str | None = Field(default=None, max_length=1024)
+    """The decision, with its numbers."""
+
+
+class RescalesStatus(_Model):
+    """Changes of the worker count over the job's life."""
+
+    count: int = Field(default=0, ge=0)
+    """Rescales so far."""
+    recent: list[Rescale] = Field(default_factory=list, max_length=10)
+    """The last few, oldest first."""
+
+
 class LargeBatchJobStatus(_Model):
     """Observed state of a LargeBatchJob; the operator's memory across restarts."""
 
-    phase: Literal["Pending", "Running", "Rescaling", "Succeeded", "Failed"] | None = None
+    phase: Literal["Pending", "Running", "Scaling", "Suspended", "Succeeded", "Failed"] | None = None
     """Lifecycle phase."""
     observed_generation: int | None = None
     """The spec generation the operator last acted on."""
     workers: WorkersStatus | None = None
     """Worker counts."""
+    capacity: int | None = Field(default=None, ge=0)
+    """Most workers the cluster could place, when known (workers left unschedulable lower it)."""
     plan: PlanStatus | None = None
     """Plan of the current step."""
     progress: ProgressStatus | None = None
     """Progress reported by rank 0."""
-    rescales: int | None = None
-    """Times the worker group was resized."""
+    rescales: RescalesStatus | None = None
+    """Changes of the worker count."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
     """Conditions."""
+    start_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the first workers were created."""
+    completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the job succeeded or failed."""
 
 
 class ObjectMeta(BaseModel):

@@ -81,9 +81,25 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
+def _immutable(spec: dict[str, Any]) -> dict[str, Any]:
+    """Transition rules (`self == oldSelf`, checked on updates only) on the blocks that define the
+    training math: changing them mid-run would train a different job under the same name."""
+    for name in api.LargeBatchJobSpec.immutable:
+        field = api.LargeBatchJobSpec.model_fields[name].alias or name
+        rules = spec["properties"][field].setdefault("x-kubernetes-validations", [])
+        rules.append(
+            {
+                "rule": "self == oldSelf",
+                "message": f"spec.{field} cannot change on an existing job (it would change the training "
+                "mid-run): create a new LargeBatchJob, which can resume from this one's checkpoints",
+            }
+        )
+    return spec
+
+
 def crd() -> dict[str, Any]:
     """The whole CustomResourceDefinition object."""
-    spec = openapi_schema(api.LargeBatchJobSpec)
+    spec = _immutable(openapi_schema(api.LargeBatchJobSpec))
     status = openapi_schema(api.LargeBatchJobStatus)
     root = {
         "type": "object",

@@ -62,6 +62,11 @@ def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
         (lambda s: s["schedule"].update(decay="constant"), "seesaw needs a decaying schedule"),
         (lambda s: s["batch"]["policy"].update(type="linearRamp"), "linearRamp is required"),
         (lambda s: s["optimizer"].update(name="lion"), 'Unsupported value: "lion"'),
+        (lambda s: s["workers"].update(accelerator="amd.com/gpu"), 'Unsupported value: "amd.com/gpu"'),
+        (lambda s: s["workers"].update(maxRestarts=-1), "spec.workers.maxRestarts: Invalid value"),
+        (lambda s: s["batch"].update(microBatchPerDevice=0), "spec.batch.microBatchPerDevice: Invalid value"),
+        (lambda s: s["metrics"].update(port=80), "spec.metrics.port: Invalid value"),
+        (lambda s: s.update(suspend="yes"), "spec.suspend: Invalid value"),
     ],
 )
 def test_bad_jobs_are_rejected_at_apply_with_the_rule_message(crd, namespace, change, message):
@@ -70,6 +75,46 @@ def test_bad_jobs_are_rejected_at_apply_with_the_rule_message(crd, namespace, ch
     result = apply(crd, document, namespace)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_a_name_too_long_for_its_pods_is_rejected(crd, namespace):
+    document = seesaw()
+    document["metadata"]["name"] = "n" * (api.MAX_NAME_LENGTH + 1)
+    result = apply(crd, document, namespace)
+    assert result.returncode != 0 and f"metadata.name must be at most {api.MAX_NAME_LENGTH}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("block", "change"),
+    [
+        ("batch", lambda s: s["batch"].update(max=8192)),
+        ("optimizer", lambda s: s["optimizer"].update(lr=0.01)),
+        ("schedule", lambda s: s["schedule"].update(totalSamples=30_000_000)),
+        ("task", lambda s: s["task"].update(seed=7)),
+    ],
+)
+def test_edits_that_change_the_training_are_refused_on_an_existing_job(crd, namespace, block, change):
+    document = seesaw()
+    assert apply(crd, document, namespace).returncode == 0
+    change(document["spec"])
+    result = apply(crd, document, namespace)
+    assert result.returncode != 0
+    assert f"spec.{block} cannot change on an existing job" in result.stderr
+    assert "create a new LargeBatchJob" in result.stderr
+
+
+def test_scaling_and_suspending_a_job_are_edits_it_takes(crd, namespace):
+    document = seesaw()
+    assert apply(crd, document, namespace).returncode == 0
+    document["spec"]["workers"].update(min=2, max=4)
+    document["spec"]["suspend"] = True
+    result = apply(crd, document, namespace)
+    assert result.returncode == 0, result.stderr
+    stored = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, document["metadata"]["name"]
+    )
+    assert stored["spec"]["suspend"] is True and stored["spec"]["workers"]["max"] == 4
+    assert stored["spec"]["workers"]["maxRestarts"] == 3  # defaulted
 
 
 def test_explain_and_printer_columns(crd, namespace):

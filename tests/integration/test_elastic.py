@@ -10,10 +10,9 @@ import subprocess
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from largebatch import launch
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
     covered_samples,
@@ -57,10 +56,19 @@ def agent(job_path, port: int, progress) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def rendezvous_store(port: int) -> subprocess.Popen:
+    """The store as the job's rendezvous pod runs it, ready once it says where it listens."""
+    command = [PYTHON, "-m", "largebatch_trainer.rendezvous", "--host", "127.0.0.1", "--port", str(port)]
+    store = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=trainer_env())
+    assert "listening on" in store.stdout.readline()
+    return store
+
+
 def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    port = free_port()
+    store = rendezvous_store(port)
     job_path, progress = job(tmp_path, "elastic"), tmp_path / "progress.json"
-    first, second = agent(job_path, store.port, progress), agent(job_path, store.port, progress)
+    first, second = agent(job_path, port, progress), agent(job_path, port, progress)
     try:
         wait_for(
             lambda: (r := json.loads(progress.read_text()))["plan"]["worldSize"] == 2 and r["progress"]["step"] > 150,
@@ -73,6 +81,8 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     finally:
         for process in (first, second):
             kill_tree(process.pid)
+        store.terminate()
+        assert store.wait(timeout=30) == 0
     state = final_state(tmp_path / "elastic-ckpt")
     assert state["progress"]["samples"] == TOTAL
     worlds = [run[3] for run in state["history"]]

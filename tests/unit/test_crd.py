@@ -65,6 +65,17 @@ def test_defaults_enums_bounds_and_cel_rules_are_present():
     assert "self.min <= self.max" in rules
     assert "self.initial <= self.max" in rules
     assert "self.warmupSamples < self.totalSamples" in rules
+    assert spec["suspend"]["default"] is False and spec["workers"]["properties"]["maxRestarts"]["default"] == 3
+
+
+def test_the_blocks_that_define_the_training_cannot_change():
+    spec = _schema()["properties"]["spec"]["properties"]
+    for name in ("task", "batch", "optimizer", "schedule"):
+        transition = [r for r in spec[name]["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+        assert transition == [{"rule": "self == oldSelf", "message": transition[0]["message"]}]
+        assert f"spec.{name} cannot change" in transition[0]["message"]
+    for name in ("workers", "checkpoint", "metrics", "image", "suspend"):
+        assert not any("oldSelf" in r["rule"] for r in spec[name].get("x-kubernetes-validations", []))
 
 
 def test_names_subresource_and_printer_columns():

@@ -1,0 +1,263 @@
+"""The Kubernetes objects of one LargeBatchJob, as plain dicts: pure functions of the job (no API calls),
+so that the operator only creates, patches and deletes what these return.
+
+Per job: a ConfigMap with the job file the trainer reads; a rendezvous pod that no worker hosts (a
+TCPStore, as `lbctl run --local` hosts one) with its Service; worker pods `<job>-worker-<n>`, each a
+torchrun agent (`largebatch.launch`), behind a headless Service; and a ServiceAccount whose only right
+is to patch this job's status, which rank 0 uses to report. Every object carries the standard
+`app.kubernetes.io/*` labels, the job's label and an owner reference to the job, so that deleting the
+job deletes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from largebatch import api, launch
+from largebatch.api import LargeBatchJob
+
+JOB_LABEL = f"{api.GROUP}/job"
+ROLE_LABEL = f"{api.GROUP}/role"
+INDEX_LABEL = f"{api.GROUP}/worker-index"
+RENDEZVOUS_PORT = 29400
+JOB_DIR = "/etc/largebatch"
+JOB_FILE = "job.yaml"
+TRAINER_UID = 1000  # the trainer image's user
+
+
+@dataclass(frozen=True)
+class Names:
+    """Fixed names, so that a restarted operator finds what exists (no random suffixes)."""
+
+    job: str
+
+    @property
+    def config(self) -> str:
+        return f"{self.job}-job"
+
+    @property
+    def rendezvous(self) -> str:
+        return f"{self.job}-rdzv"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.job}-workers"
+
+    @property
+    def trainer(self) -> str:
+        """ServiceAccount, Role and RoleBinding of the trainer."""
+        return f"{self.job}-trainer"
+
+    def worker(self, index: int) -> str:
+        return f"{self.job}-worker-{index}"
+
+
+def labels(job: LargeBatchJob, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "largebatch",
+        "app.kubernetes.io/instance": job.metadata.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "largebatch-operator",
+        JOB_LABEL: job.metadata.name,
+        ROLE_LABEL: component,
+    }
+
+
+def owner_reference(job: LargeBatchJob, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "name": job.metadata.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: LargeBatchJob, uid: str, name: str, component: str, **extra_labels: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": labels(job, component) | extra_labels,
+        "ownerReferences": [owner_reference(job, uid)],
+    }
+
+
+def job_config(job: LargeBatchJob, uid: str) -> dict[str, Any]:
+    """The job file every worker reads (`--job /etc/largebatch/job.yaml`): the job as applied, without
+    its status."""
+    document = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+    document["metadata"] = {"name": job.metadata.name, "namespace": job.metadata.namespace}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, uid, Names(job.metadata.name).config, "config"),
+        "data": {JOB_FILE: yaml.safe_dump(document, sort_keys=False)},
+    }
+
+
+def _security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": False,  # torch and Python write caches under $HOME
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def rendezvous_pod(job: LargeBatchJob, uid: str) -> dict[str, Any]:
+    """The rendezvous store: no worker hosts it, so losing any worker is survivable."""
+    names = Names(job.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, uid, names.rendezvous, "rendezvous"),
+        "spec": {
+            "automountServiceAccountToken": False,
+            "restartPolicy": "Always",
+            "containers": [
+                {
+                    "name": "rendezvous",
+                    "image": job.spec.image,
+                    "command": ["python", "-m", "largebatch_trainer.rendezvous", f"--port={RENDEZVOUS_PORT}"],
+                    "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                    "securityContext": _security(),
+                }
+            ],
+        },
+    }
+
+
+def rendezvous_service(job: LargeBatchJob, uid: str) -> dict[str, Any]:
+    names = Names(job.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, uid, names.rendezvous, "rendezvous"),
+        "spec": {
+            "selector": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "rendezvous"},
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT}],
+        },
+    }
+
+
+def workers_service(job: LargeBatchJob, uid: str) -> dict[str, Any]:
+    """Headless: every worker pod gets a stable DNS name for the collectives between nodes."""
+    names = Names(job.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, uid, names.workers, "worker"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"},
+            "ports": [{"name": "metrics", "port": job.spec.metrics.port}],
+        },
+    }
+
+
+def worker_pod(job: LargeBatchJob, uid: str, index: int, run_id: str) -> dict[str, Any]:
+    """Worker `index`: one torchrun agent with `devicesPerWorker` trainer processes. `run_id` names the
+    rendezvous round set (a fresh one whenever the job starts from no workers)."""
+    spec, names = job.spec, Names(job.metadata.name)
+    rendezvous = launch.Rendezvous(f"{names.rendezvous}:{RENDEZVOUS_PORT}", run_id)
+    env = launch.trainer_env(
+        checkpoint_dir=spec.checkpoint.path,
+        metrics_port=spec.metrics.port,
+        progress_kubernetes=f"{job.metadata.namespace}/{job.metadata.name}",
+        device="auto",
+    )
+    resources = spec.workers.resources or api.Resources()
+    limits = dict(resources.limits)
+    requests = dict(resources.requests)
+    if spec.workers.accelerator != "none":
+        limits[spec.workers.accelerator] = spec.workers.devices_per_worker
+        requests[spec.workers.accelerator] = spec.workers.devices_per_worker
+    checkpoints: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+        if spec.checkpoint.claim_name
+        else {"emptyDir": {}}
+    )
+    pod = spec.workers.pod
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": names.trainer,  # its token may patch this job's status, nothing else
+        "automountServiceAccountToken": True,
+        "restartPolicy": "Never",  # torchrun restarts the trainer inside; a failed pod is replaced
+        "hostname": names.worker(index),
+        "subdomain": names.workers,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "fsGroup": TRAINER_UID},
+        "containers": [
+            {
+                "name": "trainer",
+                "image": spec.image,
+                "command": launch.torchrun_args(spec, f"{JOB_DIR}/{JOB_FILE}", rendezvous),
+                "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
+                "ports": [{"name": "metrics", "containerPort": spec.metrics.port}],
+                "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
+                "securityContext": _security(),
+                "volumeMounts": [
+                    {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+                    {"name": "checkpoints", "mountPath": spec.checkpoint.path},
+                    {"name": "shm", "mountPath": "/dev/shm"},  # DataLoader and NCCL need more than 64 MiB
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "job", "configMap": {"name": names.config}},
+            {"name": "checkpoints", **checkpoints},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ],
+        # Sixty seconds for the SIGTERM checkpoint of a suspend or a scale-down.
+        "terminationGracePeriodSeconds": 60,
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations]
+    if pod.affinity:
+        pod_spec["affinity"] = pod.affinity
+    if pod.priority_class_name:
+        pod_spec["priorityClassName"] = pod.priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, uid, names.worker(index), "worker", **{INDEX_LABEL: str(index)}),
+        "spec": pod_spec,
+    }
+
+
+def trainer_rbac(job: LargeBatchJob, uid: str) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding: rank 0 may get and patch this one job's status, nothing
+    else (no secrets, no pods, no other job)."""
+    names = Names(job.metadata.name)
+    meta = _metadata(job, uid, names.trainer, "trainer")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [f"{api.PLURAL}/status"],
+                    "resourceNames": [job.metadata.name],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.trainer},
+            "subjects": [{"kind": "ServiceAccount", "name": names.trainer, "namespace": job.metadata.namespace}],
+        },
+    ]
