@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from itertools import pairwise
@@ -60,26 +61,9 @@ def plan(
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     total = spec.schedule.total_samples
-    table = Table(
-        title=f"{manifest.metadata.name}: {spec.batch.policy.type} plan, {total:,} samples",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
+    console.print(
+        _plan_table(spec, result, f"{manifest.metadata.name}: {spec.batch.policy.type} plan, {total:,} samples")
     )
-    for column in ("Phase", "Samples %", "Batch", "LR", "Workers", "Micro×acc", "Steps"):
-        table.add_column(column, justify="left" if column == "Phase" else "right", no_wrap=True)
-    for row in result.rows:
-        p = row.phase
-        lr = f"{p.lr_start:.3g}" if p.lr_start == p.lr_end else f"{p.lr_start:.3g}→{p.lr_end:.3g}"
-        table.add_row(
-            p.label,
-            f"{100 * p.start / total:.1f}–{100 * p.end / total:.1f}",
-            f"{p.global_batch:,}",
-            lr,
-            f"{row.workers}×{spec.workers.devices_per_worker}",
-            f"{row.micro_batch}×{row.accumulation_steps}",
-            f"{p.steps:,}",
-        )
-    console.print(table)
     changes = [b.phase for a, b in pairwise(result.rows) if b.phase.global_batch != a.phase.global_batch]
     if changes:
         warmup, after = spec.schedule.warmup_samples, total - spec.schedule.warmup_samples
@@ -101,21 +85,21 @@ def run(
     job: JobPath,
     local: Annotated[bool, typer.Option("--local", help="Run on this machine (the only mode of `run`).")] = False,
     slots: Annotated[
-        int | None, typer.Option(min=1, help="Nodes this machine can hold [default: CPU cores / devicesPerWorker].")
+        int | None, typer.Option(min=1, help="Nodes this machine can hold (default: CPU cores / devicesPerWorker).")
     ] = None,
     capacity: Annotated[
         str | None,
         typer.Option(help="Capacity over the run, by fraction of totalSamples, e.g. 0:1,30%:3,70%:2."),
     ] = None,
     run_dir: Annotated[
-        Path | None, typer.Option(help="Where checkpoints, logs and the record go [default: runs/NAME].")
+        Path | None, typer.Option(help="Where checkpoints, logs and the record go (default: runs/NAME).")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(min=0, help="Metrics port of the first worker [default: metrics.port]; 0 disables.")
+        int | None, typer.Option(min=0, help="Metrics port of the first worker (default: metrics.port); 0 disables.")
     ] = None,
     restart_cost: Annotated[
         float | None,
-        typer.Option(min=0.0, help="Seconds a rescale is assumed to cost until one is measured [default: 10]."),
+        typer.Option(min=0.0, help="Seconds a rescale is assumed to cost until one is measured (default: 10)."),
     ] = None,
 ) -> None:
     """Run a job on this machine: torchrun nodes, the same controller as on Kubernetes, live progress."""
@@ -184,6 +168,154 @@ def _summary(result: dict, json_path: Path, png_path: Path) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+
+
+def _plan_table(spec, result: plan_report.PlanReport, title: str) -> Table:
+    total = spec.schedule.total_samples
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("Phase", "Samples %", "Batch", "LR", "Workers", "Micro×acc", "Steps"):
+        table.add_column(column, justify="left" if column == "Phase" else "right", no_wrap=True)
+    for row in result.rows:
+        p = row.phase
+        lr = f"{p.lr_start:.3g}" if p.lr_start == p.lr_end else f"{p.lr_start:.3g}→{p.lr_end:.3g}"
+        table.add_row(
+            p.label,
+            f"{100 * p.start / total:.1f}–{100 * p.end / total:.1f}",
+            f"{p.global_batch:,}",
+            lr,
+            f"{row.workers}×{spec.workers.devices_per_worker}",
+            f"{row.micro_batch}×{row.accumulation_steps}",
+            f"{p.steps:,}",
+        )
+    return table
+
+
+# --- the cluster -------------------------------------------------------------------------------------
+
+Namespace = Annotated[str | None, typer.Option("-n", "--namespace", help="Namespace (default: the context's).")]
+Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: the current one).")]
+
+
+def _cluster(context: str | None):
+    from largebatch.kube.jobs import Cluster, ClusterError
+
+    try:
+        return Cluster(context)
+    except ClusterError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _read(call, *args):
+    from largebatch.kube.jobs import ClusterError
+
+    try:
+        return call(*args)
+    except ClusterError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def status(
+    name: Annotated[str | None, typer.Argument(help="A job (default: every job of the namespace).")] = None,
+    namespace: Namespace = None,
+    all_namespaces: Annotated[bool, typer.Option("-A", "--all-namespaces", help="Jobs of every namespace.")] = False,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="wide, json or yaml.")] = None,
+    watch: Annotated[bool, typer.Option("-w", "--watch", help="Keep the table up to date (Ctrl-C stops).")] = False,
+    context: Context = None,
+) -> None:
+    """Jobs on the cluster: phase, workers, batch, micro-batch × accumulation, LR, step, throughput, loss."""
+    import time
+
+    import yaml
+    from rich.live import Live
+
+    from largebatch import job_view
+
+    if output not in (None, "wide", "json", "yaml"):
+        errors.print(f"error: --output must be wide, json or yaml, got {output!r}")
+        raise typer.Exit(2)
+    cluster = _cluster(context)
+    ns = None if all_namespaces else (namespace or cluster.namespace)
+
+    def fetch() -> list[dict]:
+        if name:
+            return [_read(cluster.job, ns or cluster.namespace, name)]
+        return _read(cluster.jobs, ns)
+
+    if output in ("json", "yaml"):
+        jobs = fetch()
+        document = jobs[0] if name else {"apiVersion": "v1", "kind": "List", "items": jobs}
+        typer.echo(json.dumps(document, indent=2) if output == "json" else yaml.safe_dump(document, sort_keys=False))
+        return
+
+    def table() -> Table | str:
+        jobs = fetch()
+        if not jobs:
+            return f"No LargeBatchJobs in {'any namespace' if ns is None else f'namespace {ns}'}."
+        wide = output == "wide" or ns is None
+        grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in job_view.WIDE_COLUMNS if wide else job_view.COLUMNS:
+            grid.add_column(
+                column, no_wrap=True, justify="left" if column in ("NAME", "NAMESPACE", "PHASE") else "right"
+            )
+        now = datetime.datetime.now(datetime.timezone.utc)
+        for job in jobs:
+            grid.add_row(*job_view.row(job, now, wide))
+        return grid
+
+    if not watch:
+        console.print(table())
+        return
+    try:
+        with Live(table(), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(2)
+                live.update(table())
+    except KeyboardInterrupt:
+        pass  # stops following; the jobs go on
+
+
+@app.command()
+def describe(
+    name: Annotated[str, typer.Argument(help="A job.")], namespace: Namespace = None, context: Context = None
+) -> None:
+    """One job in full: where it stands, the plan from here on, rescales, conditions and recent Events."""
+    from largebatch import job_view
+
+    cluster = _cluster(context)
+    ns = namespace or cluster.namespace
+    job = _read(cluster.job, ns, name)
+    events = _read(cluster.events, ns, name)
+    status = job.get("status") or {}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    c = dict(zip(job_view.WIDE_COLUMNS, job_view.row(job, now, wide=True), strict=True))
+    lines = [
+        f"[bold]{name}[/] in {ns}: {c['PHASE']}, workers {c['WORKERS']} (ready/desired), capacity {c['CAPACITY']}",
+        f"step {c['STEP']}, {c['SAMPLES']} samples, loss {c['LOSS']}, {c['SAMPLES/S']} samples/s, "
+        f"noise scale {c['NOISE']}",
+        f"batch {c['BATCH']}, micro-batch × accumulation {c['MICRO×ACC']}, lr {c['LR']} ({c['POLICY']})",
+    ]
+    ahead = job_view.plan_ahead(job)
+    rescales = status.get("rescales") or {}
+    for line in lines:
+        console.print(line, highlight=False)
+    if ahead.rows:
+        title = f"Plan from here on: {ahead.serial_steps:,} more steps"
+        console.print(_plan_table(job_view.parse(job).spec, ahead, title))
+    console.print(f"[bold]Rescales[/] {rescales.get('count', 0)}", highlight=False)
+    for r in rescales.get("recent", []):
+        move = f"{r.get('from')} → {r.get('to')} workers"
+        console.print(f"  {r.get('time', '')}  {move}  {r.get('kind', '')}: {r.get('reason', '')}", highlight=False)
+    console.print("[bold]Conditions[/]")
+    for cond in status.get("conditions", []):
+        console.print(f"  {cond['type']}={cond['status']}  {cond.get('reason', '')}: {cond.get('message', '')}",
+                      highlight=False)  # fmt: skip
+    console.print("[bold]Events[/]")
+    for event in events[-10:]:
+        console.print(f"  {event.get('type', '')}  {event.get('reason', '')}: {event.get('message', '')}",
+                      highlight=False)  # fmt: skip
 
 
 @app.command()

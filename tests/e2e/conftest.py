@@ -8,6 +8,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.cluster.cluster import Cluster, tools
+from tests.e2e.jobs import CRD
 from tests.helpers import wait_for
 
 
@@ -35,3 +36,12 @@ def namespace(core, request) -> str:
     wait_for(lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items))
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster):
+    """The cluster with the LargeBatchJob CRD installed and established."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/largebatchjobs.largebatch.io", "--timeout=30s")
+    return cluster
+

@@ -10,28 +10,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from largebatch import api
+from largebatch import api, report, schedule
+from largebatch.api import PlanStatus, ProgressStatus
 from largebatch_trainer.progress import KubernetesSink
-from tests.helpers import EXAMPLES, ROOT
+from tests.e2e.jobs import apply, seesaw
+from tests.helpers import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 
-CRD = ROOT / "crds" / "largebatchjobs.largebatch.io.yaml"
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/largebatchjobs.largebatch.io", "--timeout=30s")
-    return cluster
-
-
-def apply(cluster, document: dict, namespace: str):
-    return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document), check=False)
-
-
-def seesaw() -> dict:
-    return yaml.safe_load((EXAMPLES / "seesaw.yaml").read_text())
 
 
 def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
@@ -130,16 +116,20 @@ def test_the_trainer_patches_progress_into_the_status_subresource(crd, namespace
     assert apply(crd, seesaw(), namespace).returncode == 0
     monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
     sink = KubernetesSink(namespace, "pylm-seesaw")
-    sink.report(
-        {
-            "progress": {"step": 12, "samples": 3072, "loss": 2.5, "noiseScale": 310.0, "samplesPerSecond": 900.0},
-            "plan": {"globalBatch": 256, "microBatch": 256, "accumulationSteps": 1, "worldSize": 1, "lr": 0.001,
-                     "policyPhase": "warmup"},
-        }
+    progress = ProgressStatus(
+        step=12, samples=3072, loss=2.5, noise_scale=310.0, samples_per_second=900.0, policy_batch=256,
+        last_change_step=4, done=False, elastic_restarts=1,
     )  # fmt: skip
+    plan = PlanStatus(global_batch=256, micro_batch=256, accumulation_steps=1, world_size=1, lr=0.001)
+    sink.report(report.report(progress, plan))
     status = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw"
     )["status"]
-    assert status["progress"]["samples"] == 3072 and status["plan"]["globalBatch"] == 256
+    # Nothing of the report was pruned by the schema: the controller gets the policy state back.
+    stored, stored_plan = report.read(status)
+    assert stored == progress and stored_plan == plan
+    assert report.progress_from_status(stored) == schedule.Progress(
+        samples=3072, step=12, batch=256, last_change_step=4, noise_scale=310.0
+    )
     row = crd.kubectl("get", "lbj", "pylm-seesaw", "-n", namespace, "--no-headers").stdout.split()
     assert "256" in row and "12" in row and "2.5" in row

@@ -1,0 +1,80 @@
+"""What `lbctl status` and `lbctl describe` show of a LargeBatchJob object (a dict as the API returns it):
+table cells and the plan from the job's current progress on. Pure; the CLI renders it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from largebatch import plan_report, report
+from largebatch.api import LargeBatchJob
+
+COLUMNS = ["NAME", "PHASE", "WORKERS", "BATCH", "MICRO×ACC", "LR", "STEP", "SAMPLES/S", "LOSS", "NOISE", "AGE"]
+WIDE_COLUMNS = ["NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "RESCALES"]
+MISSING = "-"
+
+
+def _number(value: float | int | None, spec: str) -> str:
+    return MISSING if value is None else format(value, spec)
+
+
+def age(created: str | None, now: datetime.datetime) -> str:
+    """kubectl's short age: 42s, 7m, 5h, 3d."""
+    if not created:
+        return MISSING
+    seconds = (now - datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list[str]:
+    meta, status = job["metadata"], job.get("status") or {}
+    progress, plan = report.read(status)
+    workers = status.get("workers") or {}
+    cells = {
+        "NAMESPACE": meta.get("namespace", ""),
+        "NAME": meta["name"],
+        "PHASE": status.get("phase") or "Pending",
+        "WORKERS": f"{_number(workers.get('ready'), 'd')}/{_number(workers.get('desired'), 'd')}",
+        "BATCH": _number(plan.global_batch, ","),
+        "MICRO×ACC": f"{_number(plan.micro_batch, 'd')}×{_number(plan.accumulation_steps, 'd')}",
+        "LR": _number(plan.lr, ".3g"),
+        "STEP": _number(progress.step, ","),
+        "SAMPLES/S": _number(progress.samples_per_second, ",.0f"),
+        "LOSS": _number(progress.loss, ".4f"),
+        "NOISE": _number(progress.noise_scale, ",.0f"),
+        "AGE": age(meta.get("creationTimestamp"), now),
+        "POLICY": plan.policy_phase or MISSING,
+        "SAMPLES": _number(progress.samples, ","),
+        "CAPACITY": _number(status.get("capacity"), "d"),
+        "RESCALES": _number((status.get("rescales") or {}).get("count"), "d"),
+    }
+    return [cells[c] for c in (WIDE_COLUMNS if wide else COLUMNS)]
+
+
+def parse(job: dict[str, Any]) -> LargeBatchJob:
+    """The job's model (its status and server-side metadata left out)."""
+    meta = {"name": job["metadata"]["name"], "namespace": job["metadata"].get("namespace")}
+    return LargeBatchJob.model_validate({k: v for k, v in job.items() if k != "status"} | {"metadata": meta})
+
+
+def plan_ahead(job: dict[str, Any]) -> plan_report.PlanReport:
+    """The phases from the job's current progress on, as `lbctl plan` shows them (criticalBatch
+    assumes the last measured noise scale), capped by the capacity the cluster has shown."""
+    parsed = parse(job)
+    status = job.get("status") or {}
+    progress, _ = report.read(status)
+    whole = plan_report.report(parsed.spec, capacity=status.get("capacity"), noise_scale=progress.noise_scale)
+    done = progress.samples or 0
+    rows = []
+    for r in whole.rows:
+        if r.phase.end <= done:
+            continue
+        if r.phase.start < done:  # the phase under way: what is left of it
+            left = dataclasses.replace(r.phase, start=done, steps=-(-(r.phase.end - done) // r.phase.global_batch))
+            r = dataclasses.replace(r, phase=left)
+        rows.append(r)
+    return plan_report.PlanReport(rows, sum(r.phase.steps for r in rows), whole.baseline_serial_steps)

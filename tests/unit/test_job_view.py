@@ -1,0 +1,62 @@
+"""What `lbctl status` and `lbctl describe` show of a job object, without a cluster."""
+
+from __future__ import annotations
+
+import datetime
+
+from largebatch import job_view, plan_report
+from tests.helpers import example
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
+
+
+def job_object(status: dict | None = None) -> dict:
+    job = example("seesaw.yaml").model_dump(mode="json", by_alias=True, exclude_none=True)
+    job["metadata"] |= {"namespace": "team-a", "creationTimestamp": "2026-11-30T09:00:00Z"}
+    if status is not None:
+        job["status"] = status
+    return job
+
+
+RUNNING = {
+    "phase": "Running",
+    "workers": {"desired": 4, "ready": 2, "pending": 2},
+    "capacity": 2,
+    "plan": {"globalBatch": 1024, "microBatch": 256, "accumulationSteps": 2, "worldSize": 2, "lr": 0.00141,
+             "policyPhase": "cut 2/4"},
+    "progress": {"step": 5000, "samples": 13_000_000, "loss": 2.3456, "noiseScale": 1234.5,
+                 "samplesPerSecond": 8123.4},
+    "rescales": {"count": 3, "recent": []},
+}  # fmt: skip
+
+
+def test_a_row_has_the_numbers_that_matter():
+    cells = dict(zip(job_view.COLUMNS, job_view.row(job_object(RUNNING), NOW), strict=True))
+    assert cells == {
+        "NAME": "pylm-seesaw", "PHASE": "Running", "WORKERS": "2/4", "BATCH": "1,024", "MICRO×ACC": "256×2",
+        "LR": "0.00141", "STEP": "5,000", "SAMPLES/S": "8,123", "LOSS": "2.3456", "NOISE": "1,234", "AGE": "3h",
+    }  # fmt: skip
+    wide = dict(zip(job_view.WIDE_COLUMNS, job_view.row(job_object(RUNNING), NOW, wide=True), strict=True))
+    assert (wide["NAMESPACE"], wide["POLICY"], wide["CAPACITY"], wide["RESCALES"]) == ("team-a", "cut 2/4", "2", "3")
+
+
+def test_a_new_job_shows_dashes_not_errors():
+    cells = dict(zip(job_view.COLUMNS, job_view.row(job_object(), NOW), strict=True))
+    assert cells["PHASE"] == "Pending" and cells["WORKERS"] == "-/-" and cells["LOSS"] == "-"
+
+
+def test_ages_read_like_kubectl():
+    assert [job_view.age(t, NOW) for t in ("2026-11-30T11:59:18Z", "2026-11-30T11:55:00Z", "2026-11-28T12:00:00Z")] == [
+        "42s", "5m", "2d"]  # fmt: skip
+
+
+def test_the_plan_ahead_starts_where_the_job_is():
+    job = job_object(RUNNING)
+    whole = plan_report.report(job_view.parse(job).spec, capacity=2)
+    ahead = job_view.plan_ahead(job)
+    assert ahead.rows[0].phase.start == 13_000_000 < ahead.rows[0].phase.end
+    assert all(r.phase.end > 13_000_000 for r in ahead.rows)
+    assert [r.phase.label for r in ahead.rows] == [r.phase.label for r in whole.rows if r.phase.end > 13_000_000]
+    current = next(r for r in whole.rows if r.phase.start < 13_000_000 < r.phase.end)
+    assert ahead.rows[0].phase.steps == -(-(current.phase.end - 13_000_000) // current.phase.global_batch)
+    assert all(r.workers <= 2 for r in ahead.rows)  # capped by the capacity the cluster showed
