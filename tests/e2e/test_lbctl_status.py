@@ -80,7 +80,7 @@ def test_describe_shows_the_plan_ahead_rescales_conditions_and_events(running_jo
     result = lbctl("describe", "pylm-seesaw", "-n", namespace, kubeconfig=cluster.kubeconfig)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "Plan from here on" in out and "cut 4/4" in out and "warmup" not in out  # warmup is behind it
+    assert "Plan from here on" in out and "cut 6/6" in out and "warmup" not in out  # warmup is behind it
     assert "1 → 2 workers" in out and "CapacityLimited" in out
     assert "batch 1024 needs 4 workers, 2 fit: accumulation 2" in out  # the condition
     assert "batch 512 needs 2 workers, 2 fit: accumulation 1" in out  # the Event
