@@ -44,4 +44,3 @@ def crd(cluster):
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/largebatchjobs.largebatch.io", "--timeout=30s")
     return cluster
-

@@ -19,7 +19,6 @@ from tests.helpers import EXAMPLES
 pytestmark = pytest.mark.e2e
 
 
-
 def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
     for path in sorted(EXAMPLES.glob("*.yaml")):
         result = apply(crd, yaml.safe_load(path.read_text()), namespace)
