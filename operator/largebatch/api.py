@@ -410,6 +410,10 @@ class WorkersStatus(_Model):
     """Worker pods running and ready."""
     pending: int | None = Field(default=None, ge=0)
     """Worker pods waiting to be scheduled."""
+    restarts: int | None = Field(default=None, ge=0)
+    """Worker pods replaced after they failed or were lost (`workers.maxRestarts` bounds it)."""
+    round: int | None = Field(default=None, ge=0)
+    """Rendezvous round set: a new one whenever the job starts again from no workers."""
 
 
 class PlanStatus(_Model):

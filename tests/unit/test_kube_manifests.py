@@ -67,7 +67,7 @@ def test_a_worker_runs_the_launch_contract_against_the_rendezvous_service():
     assert env[launch.PROGRESS_KUBERNETES] == "team-a/bert"
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env[launch.CHECKPOINT_DIR] == j.spec.checkpoint.path
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     service = manifests.rendezvous_service(j, UID)
     assert service["metadata"]["name"] == "bert-rdzv" and service["spec"]["ports"][0]["port"] == 29400
     pod_labels = manifests.rendezvous_pod(j, UID)["metadata"]["labels"]
@@ -86,8 +86,8 @@ def test_accelerators_resources_and_scheduling_overrides_reach_the_pod():
     )  # fmt: skip
     spec = manifests.worker_pod(tpu, UID, 0, "r")["spec"]
     resources = spec["containers"][0]["resources"]
-    assert resources["limits"] == {"memory": "64Gi", "google.com/tpu": 4}
-    assert resources["requests"] == {"cpu": 8, "memory": "64Gi", "google.com/tpu": 4}
+    assert resources["limits"] == {"memory": "64Gi", "google.com/tpu": "4"}
+    assert resources["requests"] == {"cpu": "8", "memory": "64Gi", "google.com/tpu": "4"}
     assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-topology": "2x2"}
     assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert spec["priorityClassName"] == "training"

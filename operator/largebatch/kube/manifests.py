@@ -111,13 +111,17 @@ def _security() -> dict[str, Any]:
 
 
 def rendezvous_pod(job: LargeBatchJob, uid: str) -> dict[str, Any]:
-    """The rendezvous store: no worker hosts it, so losing any worker is survivable."""
+    """The rendezvous store: no worker hosts it, so losing any worker is survivable. It needs no
+    accelerator; it takes the job's tolerations (a cluster whose every node is tainted still places it)
+    but not its node selector or affinity, which usually point at accelerator nodes."""
     names = Names(job.metadata.name)
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in job.spec.workers.pod.tolerations]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(job, uid, names.rendezvous, "rendezvous"),
         "spec": {
+            **({"tolerations": tolerations} if tolerations else {}),
             "automountServiceAccountToken": False,
             "restartPolicy": "Always",
             "containers": [
@@ -175,11 +179,12 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, run_id: str) -> dict[st
         device="auto",
     )
     resources = spec.workers.resources or api.Resources()
-    limits = dict(resources.limits)
-    requests = dict(resources.requests)
+    # Quantities are strings on the wire ("8", "64Gi"); the API server takes numbers, clients may not.
+    limits = {name: str(value) for name, value in resources.limits.items()}
+    requests = {name: str(value) for name, value in resources.requests.items()}
     if spec.workers.accelerator != "none":
-        limits[spec.workers.accelerator] = spec.workers.devices_per_worker
-        requests[spec.workers.accelerator] = spec.workers.devices_per_worker
+        limits[spec.workers.accelerator] = str(spec.workers.devices_per_worker)
+        requests[spec.workers.accelerator] = str(spec.workers.devices_per_worker)
     checkpoints: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
         if spec.checkpoint.claim_name

@@ -1,0 +1,184 @@
+"""Runs the containers of KWOK pods as local processes: KWOK pods run nothing, so for e2e tests that
+train for real, every pod of a namespace that the real scheduler has bound to a node and that carries
+a LargeBatchJob's label gets its container's command, arguments and environment started here, and a
+SIGTERM (then SIGKILL after the pod's grace period) when the pod is deleted.
+
+How a pod becomes a process (see README.md):
+- `python` is this interpreter; the container's image is ignored (the packages come from this checkout).
+- Volumes: a ConfigMap is written out to a folder; a PersistentVolumeClaim is one folder per claim
+  shared by every pod that mounts it; an emptyDir is a folder of the pod. Every mount path in the
+  command and the environment is replaced by its folder.
+- Ports: each container port gets a free local port, passed as `--port=` to the rendezvous store, and
+  `SERVICE:PORT` in a command resolves to the local port of the running pod behind that Service.
+- Credentials: the pod's ServiceAccount token (`kubectl create token`) in a kubeconfig of its own, as
+  the in-cluster config would give it: the trainer reports with exactly the rights its pod has.
+- No CUDA here: LARGEBATCH_DEVICE=cpu; metrics are off (LARGEBATCH_METRICS_PORT=0), one thread a process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from largebatch.kube.manifests import JOB_LABEL
+from tests.helpers import free_port
+
+
+@dataclass
+class Running:
+    uid: str
+    process: subprocess.Popen
+    ports: dict[int, int]  # container port -> local port
+    labels: dict[str, str]
+    grace: float
+
+
+class PodRunner:
+    def __init__(self, cluster, namespace: str, directory: Path):
+        self.cluster, self.namespace, self.directory = cluster, namespace, directory
+        self.core = client.CoreV1Api(cluster.api)
+        self.running: dict[str, Running] = {}
+        self.started: list[str] = []  # the names of the pods started, in order (a replacement again)
+        self._uids: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> PodRunner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for name in list(self.running):
+            self._end(name)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception as exc:  # keep running; the test sees what went wrong
+                self.errors.append(repr(exc))
+            self._stop.wait(0.2)
+
+    def _sync(self) -> None:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOB_LABEL).items
+        alive = {p.metadata.name: p for p in pods if not p.metadata.deletion_timestamp}
+        for name, run in list(self.running.items()):
+            if name not in alive or alive[name].metadata.uid != run.uid:
+                self._end(name)
+        for pod in alive.values():
+            if pod.spec.node_name and pod.metadata.uid not in self._uids:
+                self._start(self.core.api_client.sanitize_for_serialization(pod))
+
+    def _end(self, name: str) -> None:
+        run = self.running.pop(name)
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGTERM)
+            try:
+                run.process.wait(timeout=run.grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.process.pid, signal.SIGKILL)
+                run.process.wait()
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        name, spec = pod["metadata"]["name"], pod["spec"]
+        container = spec["containers"][0]
+        home = self.directory / name
+        home.mkdir(parents=True, exist_ok=True)
+        services, unresolved = self._service_addresses()
+        words = " ".join(container["command"] + container.get("args", []))
+        if any(f"{service}:" in words for service in unresolved):
+            return  # a Service it needs has no running pod yet (the rendezvous store): next round
+        mounts = self._volumes(spec, container, home)
+        ports = {p["containerPort"]: free_port() for p in container.get("ports", [])}
+
+        def local(text: str) -> str:
+            for path, folder in sorted(mounts.items(), key=lambda m: -len(m[0])):
+                text = text.replace(path, str(folder))
+            return re.sub(r"\b([a-z0-9-]+):(\d+)\b", lambda m: services.get(m.group(0), m.group(0)), text)
+
+        command = [local(part) for part in container["command"] + container.get("args", [])]
+        command = [sys.executable if part == "python" else part for part in command]
+        if "largebatch_trainer.rendezvous" in command:
+            command = [p for p in command if not p.startswith("--port=")]
+            command += ["--host=127.0.0.1", f"--port={ports[next(iter(ports))]}"]
+        env = {e["name"]: local(e["value"]) for e in container.get("env", [])}
+        env |= {"LARGEBATCH_DEVICE": "cpu", "LARGEBATCH_METRICS_PORT": "0", "OMP_NUM_THREADS": "1"}
+        if spec.get("serviceAccountName") and spec.get("automountServiceAccountToken", True):
+            env["KUBECONFIG"] = str(self._kubeconfig(spec["serviceAccountName"], home))
+        env |= {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH") if k in os.environ}
+        log = open(home / "log", "ab")
+        process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+        grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        self.running[name] = Running(pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace)
+        self.started.append(name)
+        self._uids.add(pod["metadata"]["uid"])
+
+    def _volumes(self, spec: dict[str, Any], container: dict[str, Any], home: Path) -> dict[str, Path]:
+        folders: dict[str, Path] = {}
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                folder = home / volume["name"]
+                folder.mkdir(exist_ok=True)
+                data = self.core.read_namespaced_config_map(volume["configMap"]["name"], self.namespace).data
+                for key, value in (data or {}).items():
+                    (folder / key).write_text(value)
+            elif "persistentVolumeClaim" in volume:
+                folder = self.directory / f"pvc-{volume['persistentVolumeClaim']['claimName']}"
+            else:
+                folder = home / volume["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            folders[volume["name"]] = folder
+        return {m["mountPath"]: folders[m["name"]] for m in container.get("volumeMounts", []) if m["name"] in folders}
+
+    def _service_addresses(self) -> tuple[dict[str, str], set[str]]:
+        """(`service:port` → `127.0.0.1:local port` of a running pod its selector picks, the names of
+        the Services with a selector but no such pod yet)."""
+        addresses: dict[str, str] = {}
+        unresolved: set[str] = set()
+        for service in self.core.list_namespaced_service(self.namespace).items:
+            selector = service.spec.selector or {}
+            for port in service.spec.ports or []:
+                target = port.target_port if isinstance(port.target_port, int) else port.port
+                for run in self.running.values():
+                    if selector and selector.items() <= run.labels.items() and target in run.ports:
+                        addresses[f"{service.metadata.name}:{port.port}"] = f"127.0.0.1:{run.ports[target]}"
+            if (
+                selector
+                and service.spec.cluster_ip != "None"
+                and not any(a.startswith(f"{service.metadata.name}:") for a in addresses)
+            ):
+                unresolved.add(service.metadata.name)
+        return addresses, unresolved
+
+    def _kubeconfig(self, account: str, home: Path) -> Path:
+        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        token = self.cluster.token_for(account, self.namespace)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "test", "user": account, "namespace": self.namespace}}],
+            "current-context": "pod",
+        }
+        path = home / "kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def log(self, pod: str) -> str:
+        path = self.directory / pod / "log"
+        return path.read_text(errors="replace") if path.exists() else ""
