@@ -518,6 +518,8 @@ class LargeBatchJobStatus(_Model):
     """Worker counts."""
     capacity: int | None = Field(default=None, ge=0)
     """Most workers the cluster could place, when known (workers left unschedulable lower it)."""
+    capacity_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the capacity was measured; the job tries to grow past it again a while later."""
     plan: PlanStatus | None = None
     """Plan of the current step."""
     progress: ProgressStatus | None = None

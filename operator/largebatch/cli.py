@@ -319,6 +319,15 @@ def describe(
 
 
 @app.command()
+def operator() -> None:
+    """Run the operator (kopf) for the current context: every namespace, or those in
+    LARGEBATCH_WATCH_NAMESPACES. The same as `python -m largebatch.kube`."""
+    from largebatch.kube.__main__ import main as run_operator
+
+    run_operator()
+
+
+@app.command()
 def crd() -> None:
     """Print the LargeBatchJob CustomResourceDefinition (generated from the API models)."""
     from largebatch.crd import crd_yaml

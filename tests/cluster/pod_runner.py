@@ -83,7 +83,8 @@ class PodRunner:
                 self._start(self.core.api_client.sanitize_for_serialization(pod))
 
     def _end(self, name: str) -> None:
-        run = self.running.pop(name)
+        """SIGTERM, SIGKILL after the pod's grace period; the pod counts as running until its process ended."""
+        run = self.running[name]
         if run.process.poll() is None:
             os.killpg(run.process.pid, signal.SIGTERM)
             try:
@@ -91,6 +92,7 @@ class PodRunner:
             except subprocess.TimeoutExpired:
                 os.killpg(run.process.pid, signal.SIGKILL)
                 run.process.wait()
+        del self.running[name]
 
     def _start(self, pod: dict[str, Any]) -> None:
         name, spec = pod["metadata"]["name"], pod["spec"]

@@ -104,6 +104,7 @@ def test_the_operator_side_imports_without_torch():
         "import sys; sys.modules['torch'] = None\n"
         "import largebatch.api, largebatch.schedule, largebatch.crd, largebatch.cli, largebatch.plan_report\n"
         "import largebatch.controller, largebatch.launch, largebatch.report, largebatch.kube.manifests\n"
+        "import largebatch.kube.reconcile, largebatch.kube.handlers, largebatch.kube.world\n"
         "import largebatch.cli as c; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -15,6 +15,7 @@ def main() -> None:
     namespaces = [n for n in os.environ.get("LARGEBATCH_WATCH_NAMESPACES", "").split(",") if n]
     kopf.configure(log_format=kopf.LogFormat.PLAIN)
     logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per timer tick
     kopf.run(
         standalone=True,  # one operator; peering (two replicas) comes with the chart
         clusterwide=not namespaces,

@@ -193,8 +193,10 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
     # Capacity: what the scheduler has shown, remembered in the status and retried after a while.
     capacity = world.capacity(pods, settings.unschedulable_grace)
     limited = conditions.get("CapacityLimited")
-    if capacity is None and status.get("capacity") is not None:
-        since = _seconds_since(limited.get("lastTransitionTime") if limited else None, now)
+    if capacity is not None:
+        set_status("capacityTime", _stamp(now))
+    elif status.get("capacity") is not None:
+        since = _seconds_since(status.get("capacityTime"), now)
         keep = since is not None and since < settings.capacity_retry
         capacity = status["capacity"] if keep else None
     set_status("capacity", capacity)
