@@ -551,3 +551,10 @@ class LargeBatchJob(_Model):
     metadata: ObjectMeta
     spec: LargeBatchJobSpec
     status: LargeBatchJobStatus | None = None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> LargeBatchJob:
+        """A job as the API server returns it: its spec, name and namespace (the status and the
+        server-side metadata are the operator's and the API server's, not the user's)."""
+        meta = {"name": obj["metadata"]["name"], "namespace": obj["metadata"].get("namespace")}
+        return cls.model_validate({k: v for k, v in obj.items() if k != "status"} | {"metadata": meta})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from itertools import pairwise
@@ -14,7 +13,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from largebatch import controller, jobfile, plan_report
+from largebatch import controller, jobfile, plan_report, timestamps
+from largebatch.api import LargeBatchJob
 
 app = typer.Typer(
     help="largebatch: large-batch PyTorch training with an adaptive global batch.",
@@ -197,16 +197,13 @@ Context = Annotated[str | None, typer.Option("--context", help="kubeconfig conte
 
 
 def _cluster(context: str | None):
-    from largebatch.kube.jobs import Cluster, ClusterError
+    from largebatch.kube.jobs import Cluster
 
-    try:
-        return Cluster(context)
-    except ClusterError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+    return _read(Cluster, context)
 
 
 def _read(call, *args):
+    """`call(*args)`, or exit 1 with the sentence of a ClusterError (no cluster, no CRD, no job)."""
     from largebatch.kube.jobs import ClusterError
 
     try:
@@ -260,7 +257,7 @@ def status(
             grid.add_column(
                 column, no_wrap=True, justify="left" if column in ("NAME", "NAMESPACE", "PHASE") else "right"
             )
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = timestamps.now()
         for job in jobs:
             grid.add_row(*job_view.row(job, now, wide))
         return grid
@@ -289,7 +286,7 @@ def describe(
     job = _read(cluster.job, ns, name)
     events = _read(cluster.events, ns, name)
     status = job.get("status") or {}
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = timestamps.now()
     c = dict(zip(job_view.WIDE_COLUMNS, job_view.row(job, now, wide=True), strict=True))
     lines = [
         f"[bold]{name}[/] in {ns}: {c['PHASE']}, workers {c['WORKERS']} (ready/desired), capacity {c['CAPACITY']}",
@@ -303,7 +300,7 @@ def describe(
         console.print(line, highlight=False)
     if ahead.rows:
         title = f"Plan from here on: {ahead.serial_steps:,} more steps"
-        console.print(_plan_table(job_view.parse(job).spec, ahead, title))
+        console.print(_plan_table(LargeBatchJob.from_object(job).spec, ahead, title))
     console.print(f"[bold]Rescales[/] {rescales.get('count', 0)}", highlight=False)
     for r in rescales.get("recent", []):
         move = f"{r.get('from')} → {r.get('to')} workers"

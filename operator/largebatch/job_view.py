@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from largebatch import plan_report, report
+from largebatch import plan_report, report, timestamps
 from largebatch.api import LargeBatchJob
 
 COLUMNS = ["NAME", "PHASE", "WORKERS", "BATCH", "MICRO×ACC", "LR", "STEP", "SAMPLES/S", "LOSS", "NOISE", "AGE"]
@@ -23,7 +23,7 @@ def age(created: str | None, now: datetime.datetime) -> str:
     """kubectl's short age: 42s, 7m, 5h, 3d."""
     if not created:
         return MISSING
-    seconds = (now - datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()
+    seconds = timestamps.seconds_since(created, now)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= 2 * size:
             return f"{int(seconds // size)}{unit}"
@@ -55,16 +55,10 @@ def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list
     return [cells[c] for c in (WIDE_COLUMNS if wide else COLUMNS)]
 
 
-def parse(job: dict[str, Any]) -> LargeBatchJob:
-    """The job's model (its status and server-side metadata left out)."""
-    meta = {"name": job["metadata"]["name"], "namespace": job["metadata"].get("namespace")}
-    return LargeBatchJob.model_validate({k: v for k, v in job.items() if k != "status"} | {"metadata": meta})
-
-
 def plan_ahead(job: dict[str, Any]) -> plan_report.PlanReport:
     """The phases from the job's current progress on, as `lbctl plan` shows them (criticalBatch
     assumes the last measured noise scale), capped by the capacity the cluster has shown."""
-    parsed = parse(job)
+    parsed = LargeBatchJob.from_object(job)
     status = job.get("status") or {}
     progress, _ = report.read(status)
     whole = plan_report.report(parsed.spec, capacity=status.get("capacity"), noise_scale=progress.noise_scale)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 
 from largebatch import job_view, plan_report
+from largebatch.api import LargeBatchJob
 from tests.helpers import example
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
@@ -52,7 +53,7 @@ def test_ages_read_like_kubectl():
 
 def test_the_plan_ahead_starts_where_the_job_is():
     job = job_object(RUNNING)
-    whole = plan_report.report(job_view.parse(job).spec, capacity=2)
+    whole = plan_report.report(LargeBatchJob.from_object(job).spec, capacity=2)
     ahead = job_view.plan_ahead(job)
     assert ahead.rows[0].phase.start == 13_000_000 < ahead.rows[0].phase.end
     assert all(r.phase.end > 13_000_000 for r in ahead.rows)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import gc
 import signal
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from largebatch import report, schedule
+from largebatch import report, schedule, timestamps
 from largebatch.api import LargeBatchJob, PlanStatus, ProgressStatus
 from largebatch_trainer import checkpoint, optim
 from largebatch_trainer.data import SampleStream
@@ -280,7 +279,7 @@ class Trainer:
             last_change_step=p.last_change_step,
             done=done,
             elastic_restarts=self.restarts,
-            time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            time=timestamps.stamp(timestamps.now()),
         )
         return report.report(progress, self.plan_status)
 

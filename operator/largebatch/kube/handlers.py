@@ -26,18 +26,15 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # annotations, and handlers return nothing.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
-    settings.persistence.finalizer = f"{api.GROUP}/operator"
     settings.posting.level = logging.INFO
 
 
-def _run(body, patch, logger) -> None:
+def _run(body, patch) -> None:
     def emit(kind: str, reason: str, message: str) -> None:
         (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
     try:
         changes = reconcile(dict(body), Apis.of(), SETTINGS, emit)
-    except kopf.PermanentError:
-        raise
     except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
         raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=2) from exc
     for key, value in changes.items():
@@ -45,11 +42,11 @@ def _run(body, patch, logger) -> None:
 
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=INTERVAL)
-def tick(body, patch, logger, **_) -> None:
-    _run(body, patch, logger)
+def tick(body, patch, **_) -> None:
+    _run(body, patch)
 
 
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def changed(body, patch, logger, **_) -> None:
-    _run(body, patch, logger)
+def changed(body, patch, **_) -> None:
+    _run(body, patch)

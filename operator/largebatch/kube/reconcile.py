@@ -7,7 +7,6 @@ the next reconcile needs is in the job's status, so an operator restarted at any
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from largebatch import controller, report
+from largebatch import controller, report, timestamps
 from largebatch.api import LargeBatchJob
 from largebatch.kube import manifests, world
 from largebatch.kube.manifests import JOB_LABEL, ROLE_LABEL, Names
@@ -71,31 +70,12 @@ class Apis:
         return [self.core.api_client.sanitize_for_serialization(p) for p in found.items]
 
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _stamp(when: datetime.datetime) -> str:
-    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _seconds_since(stamp: str | None, now: datetime.datetime) -> float | None:
-    if not stamp:
-        return None
-    return (now - datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
-
-
-def parse(body: dict[str, Any]) -> LargeBatchJob:
-    meta = body["metadata"]
-    document = {k: v for k, v in body.items() if k != "status"}
-    return LargeBatchJob.model_validate(document | {"metadata": {"name": meta["name"], "namespace": meta["namespace"]}})
-
-
 def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) -> dict[str, Any]:
     """Bring the job's objects one step closer to what it needs; returns the status fields to patch
     (only those that changed)."""
-    now = _now()
-    job, status = parse(body), dict(body.get("status") or {})
+    now = timestamps.now()
+    stamp = timestamps.stamp(now)
+    job, status = LargeBatchJob.from_object(body), dict(body.get("status") or {})
     meta, spec = body["metadata"], job.spec
     uid, namespace, names = meta["uid"], meta["namespace"], Names(meta["name"])
     changes: dict[str, Any] = {}
@@ -112,7 +92,7 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
             "status": value,
             "reason": reason,
             "message": message,
-            "lastTransitionTime": _stamp(now) if moved else old.get("lastTransitionTime"),
+            "lastTransitionTime": stamp if moved else old.get("lastTransitionTime"),
             "observedGeneration": meta.get("generation"),
         }
         changes["conditions"] = list(conditions.values())
@@ -136,10 +116,11 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
     if progress_status.done and progress.samples >= spec.schedule.total_samples:
         _remove_pods(apis, namespace, all_pods)
         set_status("phase", "Succeeded")
-        set_status("completionTime", _stamp(now))
+        set_status("completionTime", stamp)
         set_status("workers", workers | {"desired": 0, "ready": 0, "pending": 0})
-        condition("Complete", True, "Complete", f"trained {progress.samples:,} samples in {progress.step:,} steps")
-        emit("Normal", "Complete", f"trained {progress.samples:,} samples in {progress.step:,} steps")
+        message = f"trained {progress.samples:,} samples in {progress.step:,} steps"
+        condition("Complete", True, "Complete", message)
+        emit("Normal", "Complete", message)
         return changes
 
     if not spec.checkpoint.claim_name and "NoDurableCheckpoint" not in conditions:
@@ -161,7 +142,7 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
         condition("Failed", True, "TooManyRestarts", message)
         emit("Warning", "Failed", message)
         set_status("phase", "Failed")
-        set_status("completionTime", _stamp(now))
+        set_status("completionTime", stamp)
         set_status("workers", workers | {"restarts": restarts, "desired": 0, "ready": 0, "pending": 0})
         return changes
     for i in pods.failed:
@@ -194,9 +175,9 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
     capacity = world.capacity(pods, settings.unschedulable_grace)
     limited = conditions.get("CapacityLimited")
     if capacity is not None:
-        set_status("capacityTime", _stamp(now))
+        set_status("capacityTime", stamp)
     elif status.get("capacity") is not None:
-        since = _seconds_since(status.get("capacityTime"), now)
+        since = timestamps.seconds_since(status.get("capacityTime"), now)
         keep = since is not None and since < settings.capacity_retry
         capacity = status["capacity"] if keep else None
     set_status("capacity", capacity)
@@ -208,7 +189,7 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
         workers=len(pods.live),
         capacity=capacity,
         samples_per_second=progress_status.samples_per_second if pods.running else None,
-        seconds_since_rescale=_seconds_since(last_rescale, now),
+        seconds_since_rescale=timestamps.seconds_since(last_rescale, now),
         restart_seconds=settings.restart_seconds,
     )
     decision = controller.decide(spec, seen)
@@ -226,7 +207,7 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
         emit("Normal", decision.kind.value, message)
         if pods.live:
             recent = rescales.get("recent", [])
-            entry = {"time": _stamp(now), "from": len(pods.live), "to": decision.workers,
+            entry = {"time": stamp, "from": len(pods.live), "to": decision.workers,
                      "samples": progress.samples, "kind": decision.kind.value, "reason": decision.reason}  # fmt: skip
             rescales = {"count": rescales.get("count", 0) + 1, "recent": [*recent, entry][-5:]}
             set_status("rescales", rescales)
@@ -236,7 +217,7 @@ def reconcile(body: dict[str, Any], apis: Apis, settings: Settings, emit: Emit) 
     for i in create:
         apis.create(manifests.worker_pod(job, uid, i, run_id))
     if create and not status.get("startTime"):
-        set_status("startTime", _stamp(now))
+        set_status("startTime", stamp)
 
     pending = pods.pending + len(create)
     ready = len([i for i in pods.running if i < decision.workers])

@@ -12,6 +12,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
+from largebatch import timestamps
 from largebatch.kube.manifests import INDEX_LABEL
 
 
@@ -91,14 +92,8 @@ def _unschedulable_since(status: dict[str, Any]) -> datetime.datetime | None:
             and condition.get("reason") == "Unschedulable"
         ):
             stamp = condition.get("lastTransitionTime")
-            return _parse_time(stamp) if stamp else datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+            return timestamps.parse(stamp) if stamp else datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
     return None
-
-
-def _parse_time(stamp: str | datetime.datetime) -> datetime.datetime:
-    if isinstance(stamp, datetime.datetime):
-        return stamp
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def capacity(pods: WorkerPods, grace_seconds: float) -> int | None:
