@@ -36,6 +36,7 @@ cluster-down: venv
 
 crds: venv
 	$(LBCTL) crd > crds/largebatchjobs.largebatch.io.yaml
+	cp crds/largebatchjobs.largebatch.io.yaml charts/largebatch/crds/
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import socket
 import time
 from pathlib import Path
@@ -65,3 +66,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def contiguous(spans: list[tuple[int, int]], total: int, last_batch: int = 0) -> bool:
+    """Consecutive runs' sample spans [start, end) cover the stream from 0 to `total` with no gap and no
+    overlap: nothing skipped, nothing trained twice. With `last_batch`, the spans count whole batches
+    and the very last step took only what was left of the budget."""
+    end = spans[-1][1]
+    ends_right = end - last_batch < total <= end if last_batch else end == total
+    return spans[0][0] == 0 and ends_right and all(a[1] == b[0] for a, b in itertools.pairwise(spans))

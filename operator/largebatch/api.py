@@ -116,6 +116,13 @@ class Toleration(_Model):
     """For NoExecute: how long the pod stays bound after the taint appears."""
 
 
+class SecretName(_Model):
+    """A Secret in the job's namespace, by name (a `core/v1` LocalObjectReference)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """The Secret's name."""
+
+
 class PodOverrides(_Model):
     """Scheduling settings merged into every worker pod."""
 
@@ -127,6 +134,8 @@ class PodOverrides(_Model):
     """A `core/v1` Affinity for every worker pod (node, pod and anti-affinity)."""
     priority_class_name: str | None = Field(default=None, max_length=253)
     """PriorityClass of the worker pods."""
+    image_pull_secrets: list[SecretName] = Field(default_factory=list, max_length=16)
+    """Secrets for pulling `spec.image` from a private registry (worker and rendezvous pods)."""
 
 
 class Resources(_Model):

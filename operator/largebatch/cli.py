@@ -83,7 +83,15 @@ def plan(
 @app.command()
 def run(
     job: JobPath,
-    local: Annotated[bool, typer.Option("--local", help="Run on this machine (the only mode of `run`).")] = False,
+    local: Annotated[
+        bool, typer.Option("--local", help="Run on this machine instead of submitting to the current context.")
+    ] = False,
+    namespace: Annotated[
+        str | None,
+        typer.Option("-n", "--namespace", help="Cluster: the namespace (default: the job's, else the context's)."),
+    ] = None,
+    context: Annotated[str | None, typer.Option("--context", help="Cluster: the kubeconfig context.")] = None,
+    detach: Annotated[bool, typer.Option("-d", "--detach", help="Cluster: submit and return; do not follow.")] = False,
     slots: Annotated[
         int | None, typer.Option(min=1, help="Nodes this machine can hold (default: CPU cores / devicesPerWorker).")
     ] = None,
@@ -102,11 +110,18 @@ def run(
         typer.Option(min=0.0, help="Seconds a rescale is assumed to cost until one is measured (default: 10)."),
     ] = None,
 ) -> None:
-    """Run a job on this machine: torchrun nodes, the same controller as on Kubernetes, live progress."""
-    if not local:
-        errors.print("error: `lbctl run` runs jobs locally: add --local (on a cluster: kubectl apply -f JOB)")
-        raise typer.Exit(2)
+    """Run a job: submit it to the current context and follow it (Ctrl-C stops following, not the job), or
+    with --local on this machine: torchrun nodes, the same controller as on Kubernetes, live progress."""
     manifest = _load(job)
+    if not local:
+        local_only = {"--slots": slots, "--capacity": capacity, "--run-dir": run_dir, "--metrics-port": metrics_port,
+                      "--restart-cost": restart_cost}  # fmt: skip
+        given = [flag for flag, value in local_only.items() if value is not None]
+        if given:
+            errors.print(f"error: {', '.join(given)} only apply with --local (on a cluster the operator decides)")
+            raise typer.Exit(2)
+        _submit(job, manifest, namespace, context, detach)
+        return
     spec = manifest.spec
     try:
         steps = controller.parse_capacity(capacity) if capacity else None
@@ -196,6 +211,67 @@ Namespace = Annotated[str | None, typer.Option("-n", "--namespace", help="Namesp
 Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: the current one).")]
 
 
+def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context: str | None, detach: bool) -> None:
+    """Create the job (validated already, as `lbctl plan` validates it) and follow it to its end."""
+    import yaml
+
+    cluster = _cluster(context)
+    ns = namespace or manifest.metadata.namespace or cluster.namespace
+    name = manifest.metadata.name
+    document = yaml.safe_load(path.read_text())
+    created = _read(cluster.submit, ns, document)
+    console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
+    if detach:
+        return
+    ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, wide=False, until=("Succeeded", "Failed"))
+    if ended is None:
+        console.print(f"Stopped following; {name} goes on. lbctl status {name} -n {ns} --watch to follow again, "
+                      f"kubectl delete lbj {name} -n {ns} to stop it.")  # fmt: skip
+        raise typer.Exit(130)
+    phase = (ended[0].get("status") or {}).get("phase")
+    for cond in (ended[0].get("status") or {}).get("conditions", []):
+        if cond.get("type") in ("Failed", "Complete"):
+            console.print(f"{cond['type']}: {cond.get('message', '')}", highlight=False)
+    raise typer.Exit(0 if phase == "Succeeded" else 1)
+
+
+def _jobs_table(jobs: list[dict], ns: str | None, wide: bool) -> Table | str:
+    from largebatch import job_view
+
+    if not jobs:
+        return f"No LargeBatchJobs in {'any namespace' if ns is None else f'namespace {ns}'}."
+    wide = wide or ns is None
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in job_view.WIDE_COLUMNS if wide else job_view.COLUMNS:
+        grid.add_column(column, no_wrap=True, justify="left" if column in ("NAME", "NAMESPACE", "PHASE") else "right")
+    now = timestamps.now()
+    for job in jobs:
+        grid.add_row(*job_view.row(job, now, wide))
+    return grid
+
+
+def _follow(fetch, ns: str | None, wide: bool, until: tuple[str, ...] = ()) -> list[dict] | None:
+    """Keep the jobs' table up to date until every job is in a phase of `until` (then the jobs), or
+    Ctrl-C (then None)."""
+    import time
+
+    from rich.live import Live
+
+    def ended(jobs: list[dict]) -> bool:
+        return bool(until) and bool(jobs) and all((j.get("status") or {}).get("phase") in until for j in jobs)
+
+    try:
+        jobs = fetch()
+        with Live(_jobs_table(jobs, ns, wide), console=console, refresh_per_second=1) as live:
+            while not ended(jobs):
+                time.sleep(2)
+                jobs = fetch()
+                live.update(_jobs_table(jobs, ns, wide))
+        return jobs
+    except KeyboardInterrupt:
+        return None
+
+
 def _cluster(context: str | None):
     from largebatch.kube.jobs import Cluster
 
@@ -223,12 +299,7 @@ def status(
     context: Context = None,
 ) -> None:
     """Jobs on the cluster: phase, workers, batch, micro-batch × accumulation, LR, step, throughput, loss."""
-    import time
-
     import yaml
-    from rich.live import Live
-
-    from largebatch import job_view
 
     if output not in (None, "wide", "json", "yaml"):
         errors.print(f"error: --output must be wide, json or yaml, got {output!r}")
@@ -247,31 +318,10 @@ def status(
         typer.echo(json.dumps(document, indent=2) if output == "json" else yaml.safe_dump(document, sort_keys=False))
         return
 
-    def table() -> Table | str:
-        jobs = fetch()
-        if not jobs:
-            return f"No LargeBatchJobs in {'any namespace' if ns is None else f'namespace {ns}'}."
-        wide = output == "wide" or ns is None
-        grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        for column in job_view.WIDE_COLUMNS if wide else job_view.COLUMNS:
-            grid.add_column(
-                column, no_wrap=True, justify="left" if column in ("NAME", "NAMESPACE", "PHASE") else "right"
-            )
-        now = timestamps.now()
-        for job in jobs:
-            grid.add_row(*job_view.row(job, now, wide))
-        return grid
-
-    if not watch:
-        console.print(table())
-        return
-    try:
-        with Live(table(), console=console, refresh_per_second=1) as live:
-            while True:
-                time.sleep(2)
-                live.update(table())
-    except KeyboardInterrupt:
-        pass  # stops following; the jobs go on
+    if watch:
+        _follow(fetch, ns, output == "wide")  # until Ctrl-C, which stops following; the jobs go on
+    else:
+        console.print(_jobs_table(fetch(), ns, output == "wide"))
 
 
 @app.command()

@@ -267,7 +267,28 @@ class Cluster:
         self.kubectl("delete", "node", name, "--wait=true")
 
     def token_for(self, service_account: str, namespace: str = "default") -> str:
-        return self.kubectl("create", "token", service_account, "-n", namespace).stdout.strip()
+        return self.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h").stdout.strip()
+
+    def kubeconfig_for(self, service_account: str, namespace: str, folder: Path) -> Path:
+        """A kubeconfig in `folder` that acts as the ServiceAccount, with a token as in-cluster config would
+        give a pod: whoever uses it has exactly that account's rights."""
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        context = {"cluster": "test", "user": service_account, "namespace": namespace}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
+            "users": [{"name": service_account, "user": {"token": self.token_for(service_account, namespace)}}],
+            "contexts": [{"name": "sa", "context": context}],
+            "current-context": "sa",
+        }
+        path = folder / f"{namespace}-{service_account}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        command = [str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args]
+        return subprocess.run(command, check=check, capture_output=True, text=True)
 
     def stop(self) -> None:
         """Stop in reverse start order (the API server shuts down quickly only while etcd is up)."""

@@ -13,6 +13,11 @@ How a pod becomes a process (see README.md):
 - Credentials: the pod's ServiceAccount token (`kubectl create token`) in a kubeconfig of its own, as
   the in-cluster config would give it: the trainer reports with exactly the rights its pod has.
 - No CUDA here: LARGEBATCH_DEVICE=cpu; metrics are off (LARGEBATCH_METRICS_PORT=0), one thread a process.
+- What the kubelet reports: a pod with `restartPolicy: Never` whose process ends gets phase Succeeded
+  or Failed and a terminated container status with the exit code and, as `FallbackToLogsOnError` does,
+  the log's last 80 lines (at most 2048 bytes) as the message. A pod naming an image pull secret that
+  does not exist is not started and gets the `ErrImagePull` waiting state (images are not pulled here,
+  so this stands in for a private registry refusing the pull).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 
 from largebatch.kube.manifests import JOB_LABEL
@@ -41,6 +45,11 @@ class Running:
     ports: dict[int, int]  # container port -> local port
     labels: dict[str, str]
     grace: float
+    report_exit: bool  # restartPolicy Never: the pod ends with its process
+    container: str
+
+
+MESSAGE_LINES, MESSAGE_BYTES = 80, 2048  # the kubelet's FallbackToLogsOnError limits
 
 
 class PodRunner:
@@ -78,9 +87,28 @@ class PodRunner:
         for name, run in list(self.running.items()):
             if name not in alive or alive[name].metadata.uid != run.uid:
                 self._end(name)
+            elif run.report_exit and run.process.poll() is not None:
+                self._report_exit(name, run)
         for pod in alive.values():
             if pod.spec.node_name and pod.metadata.uid not in self._uids:
                 self._start(self.core.api_client.sanitize_for_serialization(pod))
+
+    def _report_exit(self, name: str, run: Running) -> None:
+        code = run.process.returncode
+        code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention, as the kubelet reports
+        tail = self.log(name).encode()[-MESSAGE_BYTES:].decode(errors="replace")
+        message = "\n".join(tail.splitlines()[-MESSAGE_LINES:]) if code else ""
+        terminated = {"exitCode": code, "reason": "Error" if code else "Completed"} | (
+            {"message": message} if message else {}
+        )
+        self._set_container_state(name, "Failed" if code else "Succeeded", run.container, {"terminated": terminated})
+        del self.running[name]
+
+    def _set_container_state(self, name: str, phase: str, container: str, state: dict[str, Any]) -> None:
+        container_status = {"name": container, "state": state, "ready": False, "restartCount": 0, "image": "",
+                            "imageID": ""}  # fmt: skip
+        status = {"phase": phase, "containerStatuses": [container_status]}
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
 
     def _end(self, name: str) -> None:
         """SIGTERM, SIGKILL after the pod's grace period; the pod counts as running until its process ended."""
@@ -97,6 +125,14 @@ class PodRunner:
     def _start(self, pod: dict[str, Any]) -> None:
         name, spec = pod["metadata"]["name"], pod["spec"]
         container = spec["containers"][0]
+        secrets = {s.metadata.name for s in self.core.list_namespaced_secret(self.namespace).items}
+        missing = [s["name"] for s in spec.get("imagePullSecrets", []) if s["name"] not in secrets]
+        if missing:
+            message = f"Unable to retrieve some image pull secrets ({', '.join(missing)}); pull access denied"
+            self._set_container_state(name, "Pending", container["name"],
+                                      {"waiting": {"reason": "ErrImagePull", "message": message}})  # fmt: skip
+            self._uids.add(pod["metadata"]["uid"])
+            return
         home = self.directory / name
         home.mkdir(parents=True, exist_ok=True)
         services, unresolved = self._service_addresses()
@@ -119,13 +155,14 @@ class PodRunner:
         env = {e["name"]: local(e["value"]) for e in container.get("env", [])}
         env |= {"LARGEBATCH_DEVICE": "cpu", "LARGEBATCH_METRICS_PORT": "0", "OMP_NUM_THREADS": "1"}
         if spec.get("serviceAccountName") and spec.get("automountServiceAccountToken", True):
-            env["KUBECONFIG"] = str(self._kubeconfig(spec["serviceAccountName"], home))
+            env["KUBECONFIG"] = str(self.cluster.kubeconfig_for(spec["serviceAccountName"], self.namespace, home))
         env |= {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH") if k in os.environ}
         log = open(home / "log", "ab")
         process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
-        self.running[name] = Running(pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace)
+        self.running[name] = Running(pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace,
+                                     spec.get("restartPolicy") == "Never", container["name"])  # fmt: skip
         self.started.append(name)
         self._uids.add(pod["metadata"]["uid"])
 
@@ -165,21 +202,6 @@ class PodRunner:
             ):
                 unresolved.add(service.metadata.name)
         return addresses, unresolved
-
-    def _kubeconfig(self, account: str, home: Path) -> Path:
-        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
-        token = self.cluster.token_for(account, self.namespace)
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
-            "users": [{"name": account, "user": {"token": token}}],
-            "contexts": [{"name": "pod", "context": {"cluster": "test", "user": account, "namespace": self.namespace}}],
-            "current-context": "pod",
-        }
-        path = home / "kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        return path
 
     def log(self, pod: str) -> str:
         path = self.directory / pod / "log"

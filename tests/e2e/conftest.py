@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.cluster.cluster import Cluster, tools
-from tests.e2e.jobs import CRD
+from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
 from tests.helpers import wait_for
 
 
@@ -40,7 +40,16 @@ def namespace(core, request) -> str:
 
 @pytest.fixture(scope="session")
 def crd(cluster):
-    """The cluster with the LargeBatchJob CRD installed and established."""
-    cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/largebatchjobs.largebatch.io", "--timeout=30s")
+    """The cluster with the chart installed: the CRDs, the operator's ServiceAccount and ClusterRole. Its
+    Deployment stays Pending (no fake node takes it); the tests run the operator as a local process
+    with the chart's ServiceAccount token (`operator_kubeconfig`)."""
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace")
+    for name in ("largebatchjobs.largebatch.io", "kopfpeerings.kopf.dev"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
     return cluster
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(crd, tmp_path_factory):
+    """Credentials of the chart's operator ServiceAccount: an operator using them proves the chart's RBAC."""
+    return crd.kubeconfig_for(f"{RELEASE}-operator", OPERATOR_NAMESPACE, tmp_path_factory.mktemp("operator"))

@@ -7,6 +7,9 @@ import yaml
 from tests.helpers import EXAMPLES, ROOT
 
 CRD = ROOT / "crds" / "largebatchjobs.largebatch.io.yaml"
+CHART = ROOT / "charts" / "largebatch"
+RELEASE = "largebatch"
+OPERATOR_NAMESPACE = "largebatch-system"
 
 
 def apply(cluster, document: dict, namespace: str):

@@ -12,8 +12,8 @@ import yaml
 from kubernetes import client
 
 from largebatch import api
-from tests.e2e.jobs import apply, seesaw
-from tests.helpers import free_port
+from tests.e2e.jobs import CHART, apply, seesaw
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -101,3 +101,23 @@ def test_clear_answers_when_the_job_or_the_cluster_is_missing(crd, namespace, tm
     unconfigured = lbctl("status", kubeconfig=tmp_path / "none")
     assert unconfigured.returncode == 1 and "no cluster configured" in unconfigured.stderr
     assert "Traceback" not in unreachable.stderr + unconfigured.stderr
+
+
+def test_a_clear_answer_when_the_crd_is_not_installed(crd, namespace):
+    """Removes the CRD for a moment (and puts it back): what a user sees before `helm install`."""
+    name = f"{api.PLURAL}.{api.GROUP}"
+    # Jobs left by earlier tests keep kopf's finalizer once their operator is gone; they would hold the CRD.
+    for job in client.CustomObjectsApi(crd.api).list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)["items"]:
+        crd.kubectl("patch", "lbj", job["metadata"]["name"], "-n", job["metadata"]["namespace"], "--type=merge",
+                    "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
+    crd.kubectl("delete", "crd", name, "--wait=true", "--timeout=60s")
+    try:
+        result = lbctl("status", "-n", namespace, kubeconfig=crd.kubeconfig)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert f"the LargeBatchJob CRD ({name}) is not installed" in result.stderr
+        assert "helm install the largebatch chart" in result.stderr
+    finally:
+        crd.kubectl("apply", "-f", str(CHART / "crds" / f"{name}.yaml"))
+        crd.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+        wait_for(lambda: lbctl("status", "-n", namespace, kubeconfig=crd.kubeconfig).returncode == 0,
+                 what="the CRD served again")  # fmt: skip

@@ -5,18 +5,15 @@ operator adds a worker when the batch grows, and the job succeeds having used ev
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from itertools import pairwise
-
 import pytest
 from kubernetes import client
 
 from largebatch import api
 from largebatch_trainer import checkpoint
+from tests import helpers
 from tests.cluster.pod_runner import PodRunner
 from tests.e2e.jobs import apply
+from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +23,7 @@ GROW_TOTAL = 16 * 8_000
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
-def job_document(name: str, claim: str, total: int = TOTAL, **workers) -> dict:
+def job_document(name: str, claim: str | None, total: int = TOTAL, **workers) -> dict:
     return {
         "apiVersion": "largebatch.io/v1alpha1",
         "kind": "LargeBatchJob",
@@ -39,7 +36,7 @@ def job_document(name: str, claim: str, total: int = TOTAL, **workers) -> dict:
             "batch": {"initial": 16, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "seesaw"}},
             "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
             "schedule": {"totalSamples": total, "warmupSamples": 320, "decay": "cosine", "minLrRatio": 0.1},
-            "checkpoint": {"path": "/ckpt", "claimName": claim, "everySteps": 50},
+            "checkpoint": {"path": "/ckpt", "everySteps": 50} | ({"claimName": claim} if claim else {}),
         },
     }
 
@@ -63,19 +60,10 @@ def shared_claim(cluster, namespace: str, name: str) -> None:
 
 
 @pytest.fixture
-def operator(crd, namespace, tmp_path):
-    process = start_operator(crd, namespace, tmp_path / "operator.log")
-    yield process, tmp_path / "operator.log"
-    process.terminate()
-    process.wait(timeout=30)
-
-
-def start_operator(cluster, namespace: str, log_path) -> subprocess.Popen:
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), LARGEBATCH_WATCH_NAMESPACES=namespace,
-               LARGEBATCH_RECONCILE_SECONDS="0.5", LARGEBATCH_RESTART_SECONDS="0",
-               LARGEBATCH_UNSCHEDULABLE_GRACE_SECONDS="3", LARGEBATCH_CAPACITY_RETRY_SECONDS="5")  # fmt: skip
-    log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "largebatch.kube"], env=env, stdout=log, stderr=subprocess.STDOUT)
+def operator(operator_kubeconfig, namespace, tmp_path):
+    process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log")
+    yield process
+    process.stop()
 
 
 def status_of(cluster, namespace: str, name: str) -> dict:
@@ -99,7 +87,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
         except AssertionError:
             logs = "\n".join(f"--- {p}\n{pods.log(p)[-2000:]}" for p in pods.started)
             raise AssertionError(f"{status_of(crd, namespace, 'grow')}\n{pods.errors}\n{logs}\n--- operator\n"
-                                 f"{operator[1].read_text()[-4000:]}") from None  # fmt: skip
+                                 f"{operator.tail(4000)}") from None  # fmt: skip
         assert pods.errors == []
         assert {"grow-rdzv", "grow-worker-0", "grow-worker-1"} <= set(pods.started)
     status = status_of(crd, namespace, "grow")
@@ -131,19 +119,13 @@ def history(tmp_path) -> list[list[int]]:
 
 
 def contiguous(runs: list[list[int]], total: int) -> bool:
-    """The step history covers the sample stream from 0 to `total` without a gap or an overlap (the very
-    last step takes only what is left of the budget, less than its batch)."""
-    spans = [(first, first + batch * steps) for _, first, batch, _, steps in runs]
-    last_batch = runs[-1][2]
-    return (
-        spans[0][0] == 0
-        and spans[-1][1] - last_batch < total <= spans[-1][1]
-        and all(a[1] == b[0] for a, b in pairwise(spans))
-    )
+    """The trainer's step history (first sample, batch, steps per run) covers the stream exactly."""
+    return helpers.contiguous([(first, first + batch * steps) for _, first, batch, _, steps in runs], total,
+                              last_batch=runs[-1][2])  # fmt: skip
 
 
 def test_the_trainers_token_may_patch_its_jobs_status_and_nothing_else(crd, namespace, operator):
-    assert apply(crd, job_document("rights", "none"), namespace).returncode == 0
+    assert apply(crd, job_document("rights", None), namespace).returncode == 0
     core = client.CoreV1Api(crd.api)
     accounts = lambda: core.list_namespaced_service_account(namespace, field_selector="metadata.name=rights-trainer")  # noqa: E731
     wait_for(lambda: accounts().items, what="the trainer account")
@@ -166,7 +148,7 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
     custom = client.CustomObjectsApi(crd.api)
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
         assert apply(crd, job_document("pause", "checkpoints"), namespace).returncode == 0
-        explain = dict(cluster=crd, namespace=namespace, name="pause", pods=pods, log_path=operator[1])
+        explain = dict(cluster=crd, namespace=namespace, name="pause", pods=pods, log_path=operator.log)
         wait_or_explain(lambda: status_of(crd, namespace, "pause").get("progress", {}).get("step", 0) > 200,
                         "training", **explain)  # fmt: skip
         custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "pause",
@@ -200,11 +182,11 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
     )
 
 
-def test_a_lost_worker_and_a_killed_operator_lose_nothing(crd, namespace, tmp_path):
+def test_a_lost_worker_and_a_killed_operator_lose_nothing(crd, namespace, operator_kubeconfig, tmp_path):
     shared_claim(crd, namespace, "checkpoints")
     core = client.CoreV1Api(crd.api)
     log_path = tmp_path / "operator.log"
-    operator = start_operator(crd, namespace, log_path)
+    operator = OperatorProcess.start(operator_kubeconfig, namespace, log_path)
     try:
         with PodRunner(crd, namespace, tmp_path / "pods") as pods:
             assert apply(crd, job_document("lose", "checkpoints", min=2, max=2), namespace).returncode == 0
@@ -213,16 +195,14 @@ def test_a_lost_worker_and_a_killed_operator_lose_nothing(crd, namespace, tmp_pa
                             and status_of(crd, namespace, "lose")["progress"]["step"] > 300, "two workers training",
                             **explain)  # fmt: skip
             core.delete_namespaced_pod("lose-worker-1", namespace)  # a lost worker
-            operator.kill()  # and the operator, while it has to replace it
-            operator.wait()
-            operator = start_operator(crd, namespace, log_path)
+            operator.stop(kill=True)  # and the operator, while it has to replace it
+            operator = OperatorProcess.start(operator_kubeconfig, namespace, log_path)
             wait_or_explain(lambda: status_of(crd, namespace, "lose").get("phase") == "Succeeded",
                             "the job to succeed", **explain)  # fmt: skip
             assert pods.started.count("lose-worker-1") == 2  # replaced once, under its own name
             assert pods.started.count("lose-worker-0") == 1 and pods.started.count("lose-rdzv") == 1
     finally:
-        operator.terminate()
-        operator.wait(timeout=30)
+        operator.stop()
     assert status_of(crd, namespace, "lose")["progress"]["samples"] == TOTAL
     assert contiguous(history(tmp_path), TOTAL)
 
@@ -240,7 +220,7 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
     try:
         with PodRunner(crd, namespace, tmp_path / "pods") as pods:
             assert apply(crd, document, namespace).returncode == 0  # batch 32 wants 2 one-GPU workers; 1 fits
-            explain = dict(cluster=crd, namespace=namespace, name="cap", pods=pods, log_path=operator[1])
+            explain = dict(cluster=crd, namespace=namespace, name="cap", pods=pods, log_path=operator.log)
 
             def limited() -> dict | None:
                 status = status_of(crd, namespace, "cap")

@@ -39,3 +39,17 @@ def test_every_copied_path_exists_in_the_build_context(dockerfile):
 
 def test_there_is_a_trainer_dockerfile():
     assert ROOT / "trainer_image" / "Dockerfile" in DOCKERFILES
+
+
+def test_the_operator_image_installs_the_package_without_the_trainer_extra():
+    """The operator imports no torch: its image installs the core dependencies only (small, no CUDA)."""
+    dockerfile = ROOT / "operator" / "Dockerfile"
+    assert dockerfile in DOCKERFILES
+    instructions = [line.strip() for line in dockerfile.read_text().replace("\\\n", " ").splitlines()]
+    installs = [line for line in instructions if line.startswith("RUN") and "pip install" in line]
+    assert installs, "the operator image installs the package with pip"
+    for line in installs:
+        assert "trainer" not in line, line
+    copies = [line for line in instructions if line.startswith("COPY")]
+    assert not [line for line in copies if "trainer_image" in line], copies
+    assert 'ENTRYPOINT ["lbctl", "operator"]' in instructions

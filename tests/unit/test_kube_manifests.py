@@ -30,7 +30,7 @@ def every_object(j: LargeBatchJob) -> list[dict]:
         manifests.rendezvous_pod(j, UID),
         manifests.rendezvous_service(j, UID),
         manifests.workers_service(j, UID),
-        manifests.worker_pod(j, UID, 0, "bert-1"),
+        manifests.worker_pod(j, UID, 0, 1),
         *manifests.trainer_rbac(j, UID),
     ]
 
@@ -50,18 +50,20 @@ def test_every_object_is_owned_by_the_job_labelled_and_in_its_namespace():
 
 def test_names_are_fixed_so_that_a_restarted_operator_finds_them():
     j = job()
-    assert [manifests.worker_pod(j, UID, i, "r")["metadata"]["name"] for i in (0, 3)] == [
+    assert [manifests.worker_pod(j, UID, i, 1)["metadata"]["name"] for i in (0, 3)] == [
         "bert-worker-0",
         "bert-worker-3",
     ]
-    assert manifests.worker_pod(j, UID, 3, "r")["metadata"]["labels"][manifests.INDEX_LABEL] == "3"
-    assert manifests.worker_pod(j, UID, 0, "r") == manifests.worker_pod(j, UID, 0, "r")
+    assert manifests.worker_pod(j, UID, 3, 1)["metadata"]["labels"][manifests.INDEX_LABEL] == "3"
+    assert manifests.worker_pod(j, UID, 0, 1) == manifests.worker_pod(j, UID, 0, 1)
 
 
 def test_a_worker_runs_the_launch_contract_against_the_rendezvous_service():
     j = job(workers={"min": 1, "max": 4, "devicesPerWorker": 8, "accelerator": "nvidia.com/gpu"})
-    container = manifests.worker_pod(j, UID, 2, "bert-7")["spec"]["containers"][0]
-    rendezvous = launch.Rendezvous("bert-rdzv:29400", "bert-7")
+    worker = manifests.worker_pod(j, UID, 2, 7)
+    container = worker["spec"]["containers"][0]
+    rendezvous = launch.Rendezvous("bert-rdzv:29400", f"bert-{UID[:8]}-7")
+    assert worker["metadata"]["labels"][manifests.ROUND_LABEL] == "7"  # later workers join round 7
     assert container["command"] == launch.torchrun_args(j.spec, "/etc/largebatch/job.yaml", rendezvous)
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env[launch.PROGRESS_KUBERNETES] == "team-a/bert"
@@ -84,31 +86,31 @@ def test_accelerators_resources_and_scheduling_overrides_reach_the_pod():
                     "priorityClassName": "training"},
         }
     )  # fmt: skip
-    spec = manifests.worker_pod(tpu, UID, 0, "r")["spec"]
+    spec = manifests.worker_pod(tpu, UID, 0, 1)["spec"]
     resources = spec["containers"][0]["resources"]
     assert resources["limits"] == {"memory": "64Gi", "google.com/tpu": "4"}
     assert resources["requests"] == {"cpu": "8", "memory": "64Gi", "google.com/tpu": "4"}
     assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-topology": "2x2"}
     assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert spec["priorityClassName"] == "training"
-    cpu = manifests.worker_pod(job(workers={"accelerator": "none"}), UID, 0, "r")["spec"]
+    cpu = manifests.worker_pod(job(workers={"accelerator": "none"}), UID, 0, 1)["spec"]
     assert "resources" not in cpu["containers"][0] or cpu["containers"][0]["resources"] == {}
     assert "nodeSelector" not in cpu and "tolerations" not in cpu
 
 
 def test_checkpoints_go_to_the_claim_when_there_is_one():
-    durable = manifests.worker_pod(job(checkpoint={"path": "/ckpt", "claimName": "shared"}), UID, 0, "r")["spec"]
+    durable = manifests.worker_pod(job(checkpoint={"path": "/ckpt", "claimName": "shared"}), UID, 0, 1)["spec"]
     volumes = {v["name"]: v for v in durable["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "shared"}
     mounts = {m["name"]: m["mountPath"] for m in durable["containers"][0]["volumeMounts"]}
     assert mounts["checkpoints"] == "/ckpt" and mounts["job"] == "/etc/largebatch"
-    scratch = manifests.worker_pod(job(), UID, 0, "r")["spec"]
+    scratch = manifests.worker_pod(job(), UID, 0, 1)["spec"]
     assert {v["name"]: v for v in scratch["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
 
 
 def test_workers_run_as_non_root_and_only_the_trainer_account_has_a_token():
     j = job()
-    worker = manifests.worker_pod(j, UID, 0, "r")["spec"]
+    worker = manifests.worker_pod(j, UID, 0, 1)["spec"]
     assert worker["serviceAccountName"] == "bert-trainer"
     assert worker["securityContext"]["runAsNonRoot"] is True
     assert worker["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
@@ -133,3 +135,12 @@ def test_the_job_file_the_workers_read_is_the_job_as_applied():
     document = yaml.safe_load(manifests.job_config(j, UID)["data"]["job.yaml"])
     assert LargeBatchJob.model_validate(document).spec == j.spec
     assert "status" not in document
+
+
+def test_pull_secrets_reach_both_pods_and_a_failed_worker_leaves_its_log_tail():
+    j = job(workers={"pod": {"imagePullSecrets": [{"name": "registry-login"}]}})
+    worker = manifests.worker_pod(j, "uid-1", 0, 1)
+    assert worker["spec"]["imagePullSecrets"] == [{"name": "registry-login"}]
+    assert manifests.rendezvous_pod(j, "uid-1")["spec"]["imagePullSecrets"] == [{"name": "registry-login"}]
+    assert worker["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "imagePullSecrets" not in manifests.worker_pod(job(), "uid-1", 0, 1)["spec"]

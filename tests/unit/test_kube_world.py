@@ -8,7 +8,7 @@ import datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from largebatch.kube import world
+from largebatch.kube import manifests, world
 from largebatch.kube.manifests import INDEX_LABEL
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
@@ -93,3 +93,63 @@ def test_applying_the_changes_reaches_exactly_the_desired_workers(desired, state
         pods.update({i: pod(i) for i in create})
     final = world.classify(list(pods.values()), NOW)
     assert final.live == tuple(range(desired)) and not final.failed
+
+
+def test_a_failed_worker_leaves_its_last_lines_and_a_stuck_one_its_reason():
+    failed = pod(0, "Failed", node="n")
+    failed["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": "Traceback\nValueError: lr"}}}
+    ]
+    stuck = pod(1, "Pending", node="n")
+    stuck["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}
+    ]
+    starting = pod(2, "Pending", node="n")
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    starting["status"]["containerStatuses"] = [{"name": "trainer", "state": creating}]
+    pods = world.classify([failed, stuck, starting], NOW)
+    assert pods.errors == {0: "Traceback\nValueError: lr"}
+    assert pods.stuck == {1: ("ErrImagePull", "pull access denied")}  # ContainerCreating is only slow
+
+
+def test_last_lines_keep_what_was_said_and_drop_the_rules():
+    log = "\n".join(["=" * 60, "Root Cause", "-" * 60, *(f"line {i}" for i in range(20)), "=" * 60])
+    assert world.last_lines(log, lines=3) == "line 17\nline 18\nline 19"
+    assert world.last_lines("x" * 5000, limit=100) == "…" + "x" * 100
+
+
+def node(name: str, gpus: str = "8", ready: str = "True", **spec) -> dict:
+    conditions = [{"type": "Ready", "status": ready}]
+    return {"metadata": {"name": name}, "spec": spec,
+            "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": conditions}}  # fmt: skip
+
+
+def test_a_node_that_offers_more_is_news_and_a_heartbeat_is_not():
+    offers = world.NodeOffers()
+    offers.seen(None, node("a"), NOW)  # the first listing: there before the operator
+    assert offers.changed_at is None
+    beat = node("a")
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-30T12:00:10Z"
+    offers.seen("MODIFIED", beat, NOW)
+    assert offers.changed_at is None
+    later = NOW + datetime.timedelta(seconds=5)
+    offers.seen("ADDED", node("b", ready="False"), later)
+    assert offers.changed_at == later
+    ready = later + datetime.timedelta(seconds=5)
+    offers.seen("MODIFIED", node("b"), ready)
+    assert offers.changed_at == ready
+    offers.seen("MODIFIED", node("a", unschedulable=True), ready + datetime.timedelta(seconds=1))
+    offers.seen("DELETED", node("a"), ready + datetime.timedelta(seconds=9))
+    assert offers.changed_at == ready + datetime.timedelta(seconds=1)
+
+
+def test_new_workers_join_the_live_workers_round():
+    def in_round(index: int, round_: str, **kw) -> dict:
+        p = pod(index, "Running", node="n", **kw)
+        p["metadata"]["labels"][manifests.ROUND_LABEL] = round_
+        return p
+
+    live = [in_round(0, "3"), in_round(1, "3")]
+    assert world.live_round(live, world.classify(live, NOW)) == 3
+    gone = [in_round(0, "2", deletionTimestamp="2026-11-30T11:59:00Z")]
+    assert world.live_round(gone, world.classify(gone, NOW)) is None  # a fresh start opens a new round

@@ -79,7 +79,28 @@ def exit_process(code: int) -> None:
 
 def run() -> None:
     """The console script and `python -m largebatch_trainer`."""
-    exit_process(main())
+    try:
+        code = main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # the trainer's own refusal, with its reason
+            _record(exc)
+        raise
+    except Exception as exc:
+        _record(exc)
+        raise
+    exit_process(code)
+
+
+def _record(exc: BaseException) -> None:
+    """torchelastic's error file (what its `@record` writes): the agent's failure summary, the last lines
+    of a failed worker's log and so of the operator's Failed condition, then names the exception and
+    its traceback instead of "error_file: <N/A>". torch is imported here, not before validation."""
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(exc)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,23 @@
 """The kopf handlers: each only calls `reconcile` and hands its status changes to kopf. A timer runs
 the reconcile of every job once a second, which also notices what the job's pods and the trainer's
-reports did in between; a change of the job itself triggers one at once."""
+reports did in between; a change of the job itself triggers one at once. The jobs' pods are watched
+into a kopf index that reconciles read; nodes are watched only to learn when one offers more, so that
+a capacity-limited job can grow at once."""
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import os
+import threading
+import time
 
 import kopf
 
-from largebatch import api
+from largebatch import api, timestamps
+from largebatch.kube import metrics, world
+from largebatch.kube.manifests import JOB_LABEL
 from largebatch.kube.reconcile import Apis, Settings, reconcile
 
 SETTINGS = Settings(
@@ -18,6 +26,10 @@ SETTINGS = Settings(
     restart_seconds=float(os.environ.get("LARGEBATCH_RESTART_SECONDS", "15")),
 )
 INTERVAL = float(os.environ.get("LARGEBATCH_RECONCILE_SECONDS", "1"))
+METRICS_PORT = int(os.environ.get("LARGEBATCH_OPERATOR_METRICS_PORT", "9300"))
+
+METRICS = metrics.OperatorMetrics()
+NODES = world.NodeOffers()
 
 
 @kopf.on.startup()
@@ -27,26 +39,68 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
     settings.posting.level = logging.INFO
+    if METRICS_PORT:
+        metrics.serve(METRICS, METRICS_PORT)
 
 
-def _run(body, patch) -> None:
+@functools.cache
+def _apis() -> Apis:
+    """One client for every reconcile (its connection pool kept): kopf's login has configured it."""
+    return Apis.of()
+
+
+_LOCKS: collections.defaultdict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+
+
+def _run(body, patch, job_pods: kopf.Index) -> None:
     def emit(kind: str, reason: str, message: str) -> None:
         (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
-    try:
-        changes = reconcile(dict(body), Apis.of(), SETTINGS, emit)
-    except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
-        raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=2) from exc
-    for key, value in changes.items():
+    # kopf runs the timer and the change handlers of one job concurrently: one reconcile at a time, or
+    # two would both see no worker and both decide to start one.
+    with _LOCKS[body.metadata.uid]:
+        started = time.perf_counter()
+        try:
+            pods = list(job_pods.get((body.metadata.namespace, body.metadata.name), []))
+            done = reconcile(dict(body), _apis(), SETTINGS, emit, NODES.changed_at, pods)
+        except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
+            METRICS.reconcile_errors.inc()
+            raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=2) from exc
+        finally:
+            METRICS.reconcile_seconds.observe(time.perf_counter() - started)
+    if done.decision:
+        METRICS.decisions.labels(done.decision.kind.value).inc()
+    METRICS.record(body.metadata.namespace, body.metadata.name, done.status)
+    for key, value in done.changes.items():
         patch.status[key] = value
 
 
+@kopf.index("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
+async def job_pods(namespace, labels, body, **_):
+    """The jobs' pods as the watch has them, by (namespace, job): a reconcile reads them here instead of
+    listing them from the API server every second. Async: it only copies, so it runs on kopf's event
+    loop instead of taking a thread from the pool the reconciles need."""
+    return {(namespace, labels[JOB_LABEL]): dict(body)}
+
+
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=INTERVAL)
-def tick(body, patch, **_) -> None:
-    _run(body, patch)
+def tick(body, patch, job_pods: kopf.Index, **_) -> None:
+    _run(body, patch, job_pods)
 
 
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def changed(body, patch, **_) -> None:
-    _run(body, patch)
+def changed(body, patch, job_pods: kopf.Index, **_) -> None:
+    _run(body, patch, job_pods)
+
+
+# optional: no finalizer of its own (the timer has one: kopf stops it before the job goes)
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
+def deleted(body, **_) -> None:
+    METRICS.forget(body.metadata.namespace, body.metadata.name)
+    _LOCKS.pop(body.metadata.uid, None)
+
+
+@kopf.on.event("", "v1", "nodes")
+def node(event, body, **_) -> None:
+    NODES.seen(event.get("type"), dict(body), timestamps.now())

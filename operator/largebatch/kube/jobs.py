@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from largebatch import api
+from largebatch.kube import api_errors
 
 
 class ClusterError(Exception):
@@ -41,16 +42,28 @@ class Cluster:
         except HTTPError as exc:
             raise ClusterError(f"cannot reach the cluster at {self.host}: {exc}") from None
         except ApiException as exc:
-            if exc.status == 404 and "the server could not find the requested resource" in (exc.body or ""):
+            if exc.status == 404 and not self._served():
                 raise ClusterError(
                     f"the LargeBatchJob CRD ({api.PLURAL}.{api.GROUP}) is not installed in the cluster at "
                     f"{self.host}: helm install the largebatch chart, or kubectl apply -f crds/"
                 ) from None
             if exc.status == 404:
                 raise ClusterError(f"{what} not found") from None
+            if exc.status == 409:
+                raise ClusterError(f"{what} already exists: delete it first, or choose another name") from None
+            if exc.status == 422:
+                raise ClusterError(f"the API server refused {what}: {api_errors.message(exc)}") from None
             if exc.status in (401, 403):
                 raise ClusterError(f"not allowed to read {what}: {exc.reason}") from None
             raise ClusterError(f"reading {what} failed: {exc.status} {exc.reason}") from None
+
+    def _served(self) -> bool:
+        """Whether the API server serves LargeBatchJobs (a 404 means a missing job, or a missing CRD)."""
+        try:
+            groups = client.ApisApi(self.api).get_api_versions().groups
+        except (ApiException, HTTPError):
+            return True  # cannot tell: report the 404 as it came
+        return any(g.name == api.GROUP and any(v.version == api.VERSION for v in g.versions) for g in groups)
 
     def jobs(self, namespace: str | None) -> list[dict[str, Any]]:
         """Jobs of one namespace, or of all (None), sorted by namespace and name."""
@@ -70,8 +83,6 @@ class Cluster:
 
     def job(self, namespace: str, name: str) -> dict[str, Any]:
         custom = client.CustomObjectsApi(self.api)
-        # A missing CRD and a missing job both answer 404: ask for the list first to tell them apart.
-        self.jobs(namespace)
         return self._call(
             f"largebatchjob {name} in namespace {namespace}",
             custom.get_namespaced_custom_object,
@@ -80,6 +91,21 @@ class Cluster:
             namespace,
             api.PLURAL,
             name,
+        )
+
+    def submit(self, namespace: str, document: dict[str, Any]) -> dict[str, Any]:
+        """Create a job from its manifest; the API server's refusal (CEL rules, a taken name) as a ClusterError."""
+        custom = client.CustomObjectsApi(self.api)
+        name = document.get("metadata", {}).get("name")
+        document = document | {"metadata": document.get("metadata", {}) | {"namespace": namespace}}
+        return self._call(
+            f"largebatchjob {name} in namespace {namespace}",
+            custom.create_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            document,
         )
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from largebatch.api import LargeBatchJob
 JOB_LABEL = f"{api.GROUP}/job"
 ROLE_LABEL = f"{api.GROUP}/role"
 INDEX_LABEL = f"{api.GROUP}/worker-index"
+ROUND_LABEL = f"{api.GROUP}/rendezvous-round"
 RENDEZVOUS_PORT = 29400
 JOB_DIR = "/etc/largebatch"
 JOB_FILE = "job.yaml"
@@ -116,12 +117,14 @@ def rendezvous_pod(job: LargeBatchJob, uid: str) -> dict[str, Any]:
     but not its node selector or affinity, which usually point at accelerator nodes."""
     names = Names(job.metadata.name)
     tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in job.spec.workers.pod.tolerations]
+    pull_secrets = _pull_secrets(job)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(job, uid, names.rendezvous, "rendezvous"),
         "spec": {
             **({"tolerations": tolerations} if tolerations else {}),
+            **({"imagePullSecrets": pull_secrets} if pull_secrets else {}),
             "automountServiceAccountToken": False,
             "restartPolicy": "Always",
             "containers": [
@@ -136,6 +139,10 @@ def rendezvous_pod(job: LargeBatchJob, uid: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _pull_secrets(job: LargeBatchJob) -> list[dict[str, str]]:
+    return [{"name": secret.name} for secret in job.spec.workers.pod.image_pull_secrets]
 
 
 def rendezvous_service(job: LargeBatchJob, uid: str) -> dict[str, Any]:
@@ -167,11 +174,16 @@ def workers_service(job: LargeBatchJob, uid: str) -> dict[str, Any]:
     }
 
 
-def worker_pod(job: LargeBatchJob, uid: str, index: int, run_id: str) -> dict[str, Any]:
-    """Worker `index`: one torchrun agent with `devicesPerWorker` trainer processes. `run_id` names the
-    rendezvous round set (a fresh one whenever the job starts from no workers)."""
+def run_id(job: str, uid: str, round_: int) -> str:
+    """The rendezvous id of a job's round `round_` (`torchrun --rdzv-id`)."""
+    return f"{job}-{uid[:8]}-{round_}"
+
+
+def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[str, Any]:
+    """Worker `index`: one torchrun agent with `devicesPerWorker` trainer processes, in rendezvous round
+    `round_` (a fresh one whenever the job starts from no workers; labelled, so later workers join it)."""
     spec, names = job.spec, Names(job.metadata.name)
-    rendezvous = launch.Rendezvous(f"{names.rendezvous}:{RENDEZVOUS_PORT}", run_id)
+    rendezvous = launch.Rendezvous(f"{names.rendezvous}:{RENDEZVOUS_PORT}", run_id(names.job, uid, round_))
     env = launch.trainer_env(
         checkpoint_dir=spec.checkpoint.path,
         metrics_port=spec.metrics.port,
@@ -207,6 +219,9 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, run_id: str) -> dict[st
                 "ports": [{"name": "metrics", "containerPort": spec.metrics.port}],
                 "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
                 "securityContext": _security(),
+                # The last lines of a failed worker's log become its termination message, which the
+                # operator quotes in the job's Failed condition (no log-reading rights needed).
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "volumeMounts": [
                     {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
                     {"name": "checkpoints", "mountPath": spec.checkpoint.path},
@@ -230,10 +245,14 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, run_id: str) -> dict[st
         pod_spec["affinity"] = pod.affinity
     if pod.priority_class_name:
         pod_spec["priorityClassName"] = pod.priority_class_name
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = _pull_secrets(job)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, uid, names.worker(index), "worker", **{INDEX_LABEL: str(index)}),
+        "metadata": _metadata(
+            job, uid, names.worker(index), "worker", **{INDEX_LABEL: str(index), ROUND_LABEL: str(round_)}
+        ),
         "spec": pod_spec,
     }
 

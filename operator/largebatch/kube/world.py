@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from largebatch import timestamps
-from largebatch.kube.manifests import INDEX_LABEL
+from largebatch.kube.manifests import INDEX_LABEL, ROUND_LABEL
+
+CANNOT_START = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError",
+})  # fmt: skip
+"""The kubelet's waiting reasons that do not go away by waiting: the spec or the cluster needs a fix."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,12 @@ class WorkerPods:
     """Ended cleanly (the job is done)."""
     deleting: tuple[int, ...] = ()
     """Being deleted (a scale-down or a suspend in progress)."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """Index → the last lines a failed worker left (its termination message, which the kubelet fills
+    from the log tail: the pods have `terminationMessagePolicy: FallbackToLogsOnError`)."""
+    stuck: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Index → (reason, message) of a bound worker whose container cannot start (`ErrImagePull`,
+    `CreateContainerConfigError`, ...), as the kubelet reports it."""
 
     @property
     def live(self) -> tuple[int, ...]:
@@ -51,6 +63,8 @@ def classify(pods: list[dict[str, Any]], now: datetime.datetime) -> WorkerPods:
         k: [] for k in ("running", "starting", "waiting", "failed", "succeeded", "deleting")
     }
     unschedulable: dict[int, float] = {}
+    errors: dict[int, str] = {}
+    stuck: dict[int, tuple[str, str]] = {}
     for pod in pods:
         meta, status = pod.get("metadata", {}), pod.get("status") or {}
         index = int(meta.get("labels", {}).get(INDEX_LABEL, -1))
@@ -63,10 +77,18 @@ def classify(pods: list[dict[str, Any]], now: datetime.datetime) -> WorkerPods:
             groups["running"].append(index)
         elif phase == "Failed" or status.get("reason") == "NodeLost":
             groups["failed"].append(index)
+            for container in status.get("containerStatuses") or []:
+                message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+                if message:
+                    errors[index] = message
         elif phase == "Succeeded":
             groups["succeeded"].append(index)
         elif pod.get("spec", {}).get("nodeName"):
             groups["starting"].append(index)
+            for container in status.get("containerStatuses") or []:
+                waiting = (container.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in CANNOT_START:
+                    stuck[index] = (waiting["reason"], waiting.get("message", ""))
         else:
             refused = _unschedulable_since(status)
             if refused is None:
@@ -81,6 +103,8 @@ def classify(pods: list[dict[str, Any]], now: datetime.datetime) -> WorkerPods:
         failed=tuple(sorted(groups["failed"])),
         succeeded=tuple(sorted(groups["succeeded"])),
         deleting=tuple(sorted(groups["deleting"])),
+        errors=errors,
+        stuck=stuck,
     )
 
 
@@ -94,6 +118,17 @@ def _unschedulable_since(status: dict[str, Any]) -> datetime.datetime | None:
             stamp = condition.get("lastTransitionTime")
             return timestamps.parse(stamp) if stamp else datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
     return None
+
+
+def live_round(pods: list[dict[str, Any]], sorted_pods: WorkerPods) -> int | None:
+    """The rendezvous round the live workers are in (the latest, should they differ), None without any."""
+    live = set(sorted_pods.live)
+    rounds = [
+        int(labels[ROUND_LABEL])
+        for labels in (pod.get("metadata", {}).get("labels", {}) for pod in pods)
+        if int(labels.get(INDEX_LABEL, -1)) in live and labels.get(ROUND_LABEL, "").isdigit()
+    ]
+    return max(rounds, default=None)
 
 
 def capacity(pods: WorkerPods, grace_seconds: float) -> int | None:
@@ -115,3 +150,43 @@ def pod_changes(desired: int, pods: WorkerPods) -> tuple[list[int], list[int]]:
     delete = sorted((i for i in live if i >= desired), reverse=True)
     delete += [i for i in (*pods.failed, *pods.succeeded) if i not in pods.deleting]
     return create, delete
+
+
+def last_lines(text: str, lines: int = 8, limit: int = 1500) -> str:
+    """The end of a worker's error output, short enough for a condition message and an Event; rules
+    (torchrun frames its failure summary in lines of `=` and `-`) say nothing and are left out."""
+    said = [line for line in text.strip().splitlines() if line.strip(" =-")]
+    tail = "\n".join(said[-lines:])
+    return tail if len(tail) <= limit else "…" + tail[-limit:]
+
+
+def node_capacity(node: dict[str, Any]) -> tuple:
+    """What about a node decides whether more workers fit: what it offers and whether it takes pods.
+    Heartbeats change none of it, so a change here is worth retrying a capacity-limited job."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    taints = sorted((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in spec.get("taints") or [])
+    return (tuple(sorted((status.get("allocatable") or {}).items())), bool(spec.get("unschedulable")), ready,
+            tuple(taints))  # fmt: skip
+
+
+class NodeOffers:
+    """When a node last offered more: added, or changed in what it offers (`node_capacity`). The
+    operator feeds it the node watch; a capacity-limited job measured before then tries again at once."""
+
+    def __init__(self) -> None:
+        self._offers: dict[str, tuple] = {}
+        self.changed_at: datetime.datetime | None = None
+
+    def seen(self, event_type: str | None, node: dict[str, Any], when: datetime.datetime) -> None:
+        """A watch event: type ADDED, MODIFIED, DELETED, or None for the nodes the first listing found
+        (there before the operator, so no news)."""
+        name = node.get("metadata", {}).get("name", "")
+        if event_type == "DELETED":
+            self._offers.pop(name, None)
+            return
+        offer = node_capacity(node)
+        if self._offers.get(name) != offer:
+            self._offers[name] = offer
+            if event_type is not None:
+                self.changed_at = when

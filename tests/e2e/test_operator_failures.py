@@ -1,0 +1,99 @@
+"""What goes wrong, on the real control plane: a worker that keeps failing fails the job with its own
+last words, and bad input the CRD cannot judge (a claim or pull secret that does not exist, a
+namespace quota) becomes a condition and an Event on the job while the operator keeps running."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.pod_runner import PodRunner
+from tests.e2e.jobs import apply
+from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.test_operator import job_document, shared_claim, status_of
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def operator(operator_kubeconfig, namespace, tmp_path):
+    process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log")
+    yield process
+    process.stop()
+
+
+def condition(cluster, namespace: str, name: str, kind: str) -> dict | None:
+    found = [c for c in status_of(cluster, namespace, name).get("conditions", []) if c["type"] == kind]
+    return found[0] if found else None
+
+
+def events(cluster, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    found = client.CoreV1Api(cluster.api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [(e.type, e.reason, e.message) for e in found.items]
+
+
+def worker_pods(cluster, namespace: str, job: str) -> list[str]:
+    pods = client.CoreV1Api(cluster.api).list_namespaced_pod(namespace, label_selector=f"largebatch.io/job={job}")
+    return [p.metadata.name for p in pods.items if "-worker-" in p.metadata.name]
+
+
+def test_a_worker_that_keeps_failing_fails_the_job_with_its_last_lines(crd, namespace, operator, tmp_path):
+    shared_claim(crd, namespace, "checkpoints")
+    document = job_document("broken", "checkpoints", maxRestarts=0)
+    document["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
+    with PodRunner(crd, namespace, tmp_path / "pods") as pods:
+        assert apply(crd, document, namespace).returncode == 0
+        failed = wait_for(lambda: condition(crd, namespace, "broken", "Failed"), timeout=240, what="Failed")
+        assert pods.errors == []
+    assert status_of(crd, namespace, "broken")["phase"] == "Failed"
+    assert failed["reason"] == "TooManyRestarts"
+    # The worker's own words, from its termination message (the log tail, FallbackToLogsOnError).
+    assert "1 worker failures, more than workers.maxRestarts 0" in failed["message"]
+    assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed["message"]
+    said = events(crd, namespace, "broken")
+    assert any(reason == "Failed" and "no_such_task" in message for _, reason, message in said), said
+    wait_for(lambda: not worker_pods(crd, namespace, "broken"), what="the pods removed")
+    assert operator.process.poll() is None
+
+
+def test_a_missing_claim_or_pull_secret_is_a_condition_and_an_event(crd, namespace, operator, tmp_path):
+    with PodRunner(crd, namespace, tmp_path / "pods"):
+        assert apply(crd, job_document("noclaim", "not-created-yet"), namespace).returncode == 0
+        document = job_document("nosecret", None)
+        document["spec"]["workers"]["pod"]["imagePullSecrets"] = [{"name": "registry-login"}]
+        assert apply(crd, document, namespace).returncode == 0
+
+        blocked = wait_for(lambda: condition(crd, namespace, "noclaim", "WorkersBlocked"), what="WorkersBlocked")
+        assert (blocked["status"], blocked["reason"]) == ("True", "VolumeClaimNotFound")
+        assert "checkpoint.claimName 'not-created-yet'" in blocked["message"]
+        assert worker_pods(crd, namespace, "noclaim") == []  # no pods that could never start
+        assert ("Warning", "VolumeClaimNotFound", blocked["message"]) in events(crd, namespace, "noclaim")
+
+        stuck = wait_for(lambda: condition(crd, namespace, "nosecret", "WorkersBlocked"), what="the pull refused")
+        assert (stuck["status"], stuck["reason"]) == ("True", "ErrImagePull")
+        assert "nosecret-worker-0 cannot start" in stuck["message"] and "registry-login" in stuck["message"]
+
+        shared_claim(crd, namespace, "not-created-yet")  # the fix: the claim appears, the workers follow
+        wait_for(lambda: worker_pods(crd, namespace, "noclaim") == ["noclaim-worker-0"], what="the worker created")
+        wait_for(lambda: condition(crd, namespace, "noclaim", "WorkersBlocked")["status"] == "False", what="unblocked")
+    assert operator.process.poll() is None  # reported, never crashed on
+
+
+def test_a_namespace_quota_is_a_condition_and_the_job_starts_when_it_is_raised(crd, namespace, operator):
+    core = client.CoreV1Api(crd.api)
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "1"}}})
+    # The quota controller must have counted the namespace before the API server admits pods against it.
+    wait_for(lambda: (core.read_namespaced_resource_quota("pods", namespace).status.hard or {}).get("pods") == "1",
+             what="the quota counted")  # fmt: skip
+    assert apply(crd, job_document("quota", None), namespace).returncode == 0  # the store fits; a worker not
+
+    rejected = wait_for(lambda: condition(crd, namespace, "quota", "WorkersBlocked"), what="the pod refused")
+    assert (rejected["status"], rejected["reason"]) == ("True", "PodRejected")
+    assert "quota-worker-0" in rejected["message"] and "exceeded quota" in rejected["message"], rejected["message"]
+    assert any(reason == "PodRejected" for _, reason, _ in events(crd, namespace, "quota"))
+
+    core.patch_namespaced_resource_quota("pods", namespace, {"spec": {"hard": {"pods": "4"}}})
+    wait_for(lambda: worker_pods(crd, namespace, "quota") == ["quota-worker-0"], what="the worker created")
+    wait_for(lambda: condition(crd, namespace, "quota", "WorkersBlocked")["status"] == "False", what="unblocked")
+    assert operator.process.poll() is None
