@@ -1,4 +1,4 @@
-"""The kopf handlers: each only calls `reconcile` and hands its status changes to kopf. A timer runs
+"""The kopf handlers: each calls `reconcile` and hands the status changes to kopf. A timer runs
 the reconcile of every job once a second, which also notices what the job's pods and the trainer's
 reports did in between; a change of the job itself triggers one at once. The jobs' pods are watched
 into a kopf index that reconciles read; nodes are watched only to learn when one offers more, so that
@@ -50,19 +50,37 @@ def _apis() -> Apis:
 
 
 _LOCKS: collections.defaultdict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+_WRITTEN: dict[str, tuple[float, dict]] = {}
+"""Per job (uid): when (perf_counter) and what the last reconcile left of the status fields the operator
+owns; kopf patches them right after it."""
+BODY_LAG_SECONDS = 5.0
+"""How long a body may not show the last reconcile's status yet (kopf's patch, then the watch event);
+after that the body is the truth again, should a patch have failed."""
+TRAINER_FIELDS = ("progress", "plan")
+"""Status fields rank 0 writes; every other one is the operator's."""
 
 
 def _run(body, patch, job_pods: kopf.Index) -> None:
     def emit(kind: str, reason: str, message: str) -> None:
         (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
-    # kopf runs the timer and the change handlers of one job concurrently: one reconcile at a time, or
-    # two would both see no worker and both decide to start one.
-    with _LOCKS[body.metadata.uid]:
+    namespace, name, uid = body.metadata.namespace, body.metadata.name, body.metadata.uid
+    # kopf runs the timer and the change handlers of one job concurrently, each with the body of its own
+    # moment, and patches the status after the handler: a body can predate the last reconcile's status.
+    # So one reconcile at a time, each on the status fields the operator owns (it alone writes them) as
+    # the last reconcile left them, for as long as a body may lag behind. Otherwise two would both start
+    # worker 0, and one working from an older status would write back a conditions list without the
+    # newest condition.
+    with _LOCKS[uid]:
         started = time.perf_counter()
         try:
-            pods = list(job_pods.get((body.metadata.namespace, body.metadata.name), []))
-            done = reconcile(dict(body), _apis(), SETTINGS, emit, NODES.changed_at, pods)
+            status = dict(body.get("status") or {})
+            written_at, written = _WRITTEN.get(uid, (0.0, {}))
+            if started - written_at < BODY_LAG_SECONDS:
+                status |= written
+            pods = list(job_pods.get((namespace, name), []))
+            done = reconcile(dict(body) | {"status": status}, _apis(), SETTINGS, emit, NODES.changed_at, pods)
+            _WRITTEN[uid] = (time.perf_counter(), {k: v for k, v in done.status.items() if k not in TRAINER_FIELDS})
         except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
             METRICS.reconcile_errors.inc()
             raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=2) from exc
@@ -70,7 +88,7 @@ def _run(body, patch, job_pods: kopf.Index) -> None:
             METRICS.reconcile_seconds.observe(time.perf_counter() - started)
     if done.decision:
         METRICS.decisions.labels(done.decision.kind.value).inc()
-    METRICS.record(body.metadata.namespace, body.metadata.name, done.status)
+    METRICS.record(namespace, name, done.status)
     for key, value in done.changes.items():
         patch.status[key] = value
 
@@ -99,6 +117,7 @@ def changed(body, patch, job_pods: kopf.Index, **_) -> None:
 def deleted(body, **_) -> None:
     METRICS.forget(body.metadata.namespace, body.metadata.name)
     _LOCKS.pop(body.metadata.uid, None)
+    _WRITTEN.pop(body.metadata.uid, None)
 
 
 @kopf.on.event("", "v1", "nodes")
