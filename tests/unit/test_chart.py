@@ -35,10 +35,11 @@ def test_the_charts_crd_is_the_generated_one():
     assert (CHART / "crds" / crd.CRD_FILE).read_text() == crd.crd_yaml(), "the chart's CRD drifted: run `make crds`"
 
 
-def test_the_operator_has_least_privilege(helm):
-    documents = render(helm)
-    role = next(d for d in documents if d["kind"] == "ClusterRole")
-    for rule in role["rules"]:
+@pytest.mark.parametrize("values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["cluster", "namespaced"])
+def test_the_operator_has_least_privilege(helm, values):
+    documents = render(helm, *values)
+    roles = [d for d in documents if d["kind"] in ("ClusterRole", "Role")]
+    for rule in (rule for role in roles for rule in role["rules"]):
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
         assert "secrets" not in rule["resources"], rule
         if "pods" in rule["resources"]:
@@ -58,11 +59,32 @@ def test_the_deployment_runs_the_operator_as_non_root_with_peering(helm):
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "ClusterKopfPeering"] == ["lb-operator"]
 
 
-def test_watched_namespaces_peer_in_each(helm):
+def test_watched_namespaces_get_roles_and_peer_in_each(helm):
     documents = render(helm, "--set", "watchNamespaces={team-a,team-b}")
     peerings = [d for d in documents if d["kind"] == "KopfPeering"]
     assert sorted(d["metadata"]["namespace"] for d in peerings) == ["team-a", "team-b"]
+    roles = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "RoleBinding"}
+    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    assert any("pods" in rule["resources"] for rule in roles["team-a"]["rules"])
+    cluster_role = next(d for d in documents if d["kind"] == "ClusterRole")
+    cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
+    assert cluster_wide == {"nodes", "customresourcedefinitions"}  # nothing namespaced, cluster-wide
     assert not [d for d in documents if d["kind"] == "ClusterKopfPeering"]
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LARGEBATCH_WATCH_NAMESPACES"] == "team-a,team-b"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("replicas=-1", "/replicas"),
+        ("operatr.reconcileSeconds=1", "additional properties 'operatr' not allowed"),
+        ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ],
+)
+def test_a_wrong_value_is_refused_with_its_field(helm, value, said):
+    result = subprocess.run([helm, "template", "lb", str(CHART), "--set", value], capture_output=True, text=True)
+    assert result.returncode != 0 and said in result.stderr, result.stderr

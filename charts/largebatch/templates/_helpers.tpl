@@ -25,3 +25,36 @@ app.kubernetes.io/component: operator
 {{- define "largebatch.peering" -}}
 {{ include "largebatch.fullname" . }}
 {{- end -}}
+
+{{/* What the operator does inside a namespace it serves: a ClusterRole's rules when it serves every
+namespace, a Role's in each of watchNamespaces. */}}
+{{- define "largebatch.namespacedRules" -}}
+# The jobs: watched, annotated by kopf (its progress storage), status written.
+- apiGroups: [largebatch.io]
+  resources: [largebatchjobs]
+  verbs: [get, list, watch, patch]
+# get and patch of the status are also what each job's trainer Role grants, which the operator can
+# only create because it holds those rights itself.
+- apiGroups: [largebatch.io]
+  resources: [largebatchjobs/status]
+  verbs: [get, patch]
+# Rendezvous and worker pods: created, watched, deleted on scale-down, suspend and completion.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+# Per job: the job file, two Services and the trainer's status-only account.
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [create]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create]
+# A job whose checkpoint claim does not exist gets a condition instead of pods that never start.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
+# Events on the jobs.
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}

@@ -1,0 +1,83 @@
+"""The chart on the real control plane: what it renders is valid for the API server (a server-side dry
+run, with the default values and three other sets), and a release installs, upgrades and uninstalls,
+with an operator under exactly the release's RBAC (namespaced Roles, from `watchNamespaces`)
+training-side objects for a job in between."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.jobs import CHART, apply
+from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.test_operator import job_document
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+VALUE_SETS = {
+    "defaults": [],
+    "namespaced": ["--set", "watchNamespaces={NAMESPACE}"],
+    "two-replicas-scheduled": [
+        "--set",
+        "replicas=2",
+        "--set",
+        "nodeSelector.pool=system",
+        "--set",
+        "tolerations[0].key=dedicated",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "resources.limits.cpu=1",
+    ],  # fmt: skip
+    "own-account-no-service": [
+        "--set",
+        "serviceAccount.create=false",
+        "--set",
+        "serviceAccount.name=ops",
+        "--set",
+        "metrics.service=false",
+        "--set",
+        "imagePullSecrets[0].name=registry",
+    ],  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_what_the_chart_renders_the_api_server_takes(crd, namespace, values):
+    values = [v.replace("NAMESPACE", namespace) for v in values]
+    rendered = crd.helm("template", "dry", str(CHART), "--namespace", namespace, *values).stdout
+    result = crd.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "deployment.apps/dry-operator created (server dry run)" in result.stdout
+
+
+def test_install_upgrade_and_uninstall_with_namespaced_rights(crd, namespace, tmp_path):
+    release, home = "scoped", f"{namespace[:40]}-ops"
+    crd.helm("install", release, str(CHART), "--namespace", home, "--create-namespace",
+             "--set", f"watchNamespaces={{{namespace}}}")  # fmt: skip
+    rbac = client.RbacAuthorizationV1Api(crd.api)
+    assert [r.metadata.name for r in rbac.list_namespaced_role(namespace).items] == [f"{release}-operator"]
+    kubeconfig = crd.kubeconfig_for(f"{release}-operator", home, tmp_path)
+    operator = OperatorProcess.start(kubeconfig, namespace, tmp_path / "operator.log")
+    try:
+        assert apply(crd, job_document("scoped", None), namespace).returncode == 0
+        core = client.CoreV1Api(crd.api)
+        wait_for(lambda: [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name == "scoped-worker-0"],
+                 what="the job's first worker, created under the Role")  # fmt: skip
+        trainer = f"system:serviceaccount:{home}:{release}-operator"
+        other = crd.kubectl("auth", "can-i", "create", "pods", f"--as={trainer}", "-n", "default", check=False)
+        assert other.stdout.strip() == "no"  # rights only where it was asked to work
+
+        crd.helm("upgrade", release, str(CHART), "--namespace", home, "--reuse-values",
+                 "--set", "operator.reconcileSeconds=2")  # fmt: skip
+        deployment = client.AppsV1Api(crd.api).read_namespaced_deployment(f"{release}-operator", home)
+        env = {e.name: e.value for e in deployment.spec.template.spec.containers[0].env}
+        assert env["LARGEBATCH_RECONCILE_SECONDS"] == "2" and env["LARGEBATCH_WATCH_NAMESPACES"] == namespace
+        crd.kubectl("delete", "lbj", "scoped", "-n", namespace, "--timeout=60s")  # while an operator runs
+    finally:
+        operator.stop()
+    crd.helm("uninstall", release, "--namespace", home, "--wait")
+    assert not rbac.list_namespaced_role(namespace).items
+    assert not [b for b in rbac.list_cluster_role_binding().items if b.metadata.name == f"{release}-operator"]
+    assert crd.kubectl("get", "crd", "largebatchjobs.largebatch.io", check=False).returncode == 0  # CRDs stay
