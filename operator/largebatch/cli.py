@@ -220,10 +220,13 @@ def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context:
     name = manifest.metadata.name
     document = yaml.safe_load(path.read_text())
     created = _read(cluster.submit, ns, document)
-    console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
-    if detach:
-        return
-    ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, wide=False, until=("Succeeded", "Failed"))
+    try:
+        console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
+        if detach:
+            return
+        ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, wide=False, until=("Succeeded", "Failed"))
+    except KeyboardInterrupt:
+        ended = None
     if ended is None:
         console.print(f"Stopped following; {name} goes on. lbctl status {name} -n {ns} --watch to follow again, "
                       f"kubectl delete lbj {name} -n {ns} to stop it.")  # fmt: skip

@@ -62,7 +62,7 @@ def test_run_submits_and_follows_the_job_to_its_end(crd, namespace, tmp_path):
 
 def test_ctrl_c_stops_following_not_the_job(crd, namespace, tmp_path):
     follower = start(job_file(tmp_path, "kept"), "-n", namespace, kubeconfig=crd.kubeconfig)
-    wait_for(lambda: get(crd, namespace, "kept"), what="the job submitted")
+    assert "largebatchjob kept created" in follower.stdout.readline()  # submitted, now following
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 130, err
