@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 LBCTL  := $(VENV)/bin/lbctl
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv crds lint cluster-tools cluster-up cluster-down
+.PHONY: run test venv crds dashboards lint cluster-tools cluster-up cluster-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,14 @@ run: venv
 	$(LBCTL) run examples/quickstart.yaml --local
 
 test: venv cluster-tools
-	$(VENV)/bin/ruff check operator trainer_image tests benchmarks
+	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
 	$(PY) -m pytest
 
-# The test control plane: pinned upstream binaries built from their Go modules into ~/.cache/largebatch.
+# The test control plane and the observability tests' Prometheus: pinned upstream binaries built from
+# their Go modules into ~/.cache/largebatch.
 cluster-tools:
 	tests/cluster/build_tools.sh
+	tests/cluster/build_monitoring.sh
 
 cluster-up: venv cluster-tools
 	$(PY) -m tests.cluster up --dir .cluster
@@ -38,6 +40,10 @@ crds: venv
 	$(LBCTL) crd > crds/largebatchjobs.largebatch.io.yaml
 	cp crds/largebatchjobs.largebatch.io.yaml charts/largebatch/crds/
 
+# The Grafana dashboards the chart ships, generated from dev/dashboards.py.
+dashboards: venv
+	$(PY) dev/dashboards.py charts/largebatch/dashboards
+
 lint: venv
-	$(VENV)/bin/ruff check operator trainer_image tests benchmarks
-	$(VENV)/bin/ruff format --check operator trainer_image tests benchmarks
+	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
+	$(VENV)/bin/ruff format --check operator trainer_image tests benchmarks dev

@@ -400,6 +400,14 @@ class LargeBatchJobSpec(_Model):
             lambda s: f"decay={s.schedule.decay}",
             ".schedule.decay",
         ),
+        Rule(
+            "!has(self.metrics) || !has(self.workers) || self.metrics.port + self.workers.devicesPerWorker <= 65536",
+            "metrics.port + workers.devicesPerWorker - 1 must be <= 65535 (local rank r serves metrics on "
+            "metrics.port + r): lower metrics.port",
+            lambda s: s.metrics.port + s.workers.devices_per_worker <= 65536,
+            lambda s: f"port={s.metrics.port}, devicesPerWorker={s.workers.devices_per_worker}",
+            ".metrics.port",
+        ),
     )
 
     @property

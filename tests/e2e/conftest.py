@@ -8,6 +8,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.cluster.cluster import Cluster, tools
+from tests.cluster.prometheus import monitoring_tools
 from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
 from tests.helpers import wait_for
 
@@ -53,3 +54,14 @@ def crd(cluster):
 def operator_kubeconfig(crd, tmp_path_factory):
     """Credentials of the chart's operator ServiceAccount: an operator using them proves the chart's RBAC."""
     return crd.kubeconfig_for(f"{RELEASE}-operator", OPERATOR_NAMESPACE, tmp_path_factory.mktemp("operator"))
+
+
+@pytest.fixture(scope="session")
+def prometheus_operator_crds(cluster):
+    """The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, from its published
+    module (tests/cluster/build_monitoring.sh): what a cluster with kube-prometheus-stack has."""
+    folder = monitoring_tools() / "crds"
+    cluster.kubectl("apply", "--server-side", "-f", str(folder))
+    for name in ("servicemonitors", "podmonitors", "prometheusrules"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}.monitoring.coreos.com", "--timeout=30s")
+    return cluster

@@ -51,6 +51,10 @@ def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
         (lambda s: s["workers"].update(maxRestarts=-1), "spec.workers.maxRestarts: Invalid value"),
         (lambda s: s["batch"].update(microBatchPerDevice=0), "spec.batch.microBatchPerDevice: Invalid value"),
         (lambda s: s.update(metrics={"port": 80}), "spec.metrics.port: Invalid value"),
+        (
+            lambda s: (s.update(metrics={"port": 65530}), s["workers"].update(devicesPerWorker=8)),
+            "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
+        ),
         (lambda s: s.update(suspend="yes"), "spec.suspend: Invalid value"),
     ],
 )

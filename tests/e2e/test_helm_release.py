@@ -1,7 +1,7 @@
 """The chart on the real control plane: what it renders is valid for the API server (a server-side dry
-run, with the default values and three other sets), and a release installs, upgrades and uninstalls,
-with an operator under exactly the release's RBAC (namespaced Roles, from `watchNamespaces`)
-training-side objects for a job in between."""
+run, with the default values and four other sets, one with every monitoring object on), and a release
+installs, upgrades and uninstalls, with an operator under exactly the release's RBAC (namespaced Roles,
+from `watchNamespaces`) training-side objects for a job in between."""
 
 from __future__ import annotations
 
@@ -40,16 +40,34 @@ VALUE_SETS = {
         "--set",
         "imagePullSecrets[0].name=registry",
     ],  # fmt: skip
+    # The Prometheus Operator's CRDs are installed (fixture): the API server checks the monitors and the
+    # rule against their schemas.
+    "monitoring": [
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--set",
+        "monitoring.serviceMonitor.enabled=true,monitoring.podMonitor.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.enabled=true,monitoring.dashboards.enabled=true",
+        "--set",
+        "monitoring.labels.release=kube-prometheus-stack",
+        "--set",
+        "watchNamespaces={NAMESPACE}",
+    ],  # fmt: skip
 }
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
-def test_what_the_chart_renders_the_api_server_takes(crd, namespace, values):
+def test_what_the_chart_renders_the_api_server_takes(crd, prometheus_operator_crds, namespace, values):
     values = [v.replace("NAMESPACE", namespace) for v in values]
     rendered = crd.helm("template", "dry", str(CHART), "--namespace", namespace, *values).stdout
     result = crd.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
     assert "deployment.apps/dry-operator created (server dry run)" in result.stdout
+    if "--api-versions" in values:
+        for made in ("servicemonitor", "podmonitor", "prometheusrule"):
+            assert f"{made}.monitoring.coreos.com/dry-operator" in result.stdout
+        assert "configmap/dry-operator-dashboard-job created" in result.stdout
 
 
 def test_install_upgrade_and_uninstall_with_namespaced_rights(crd, namespace, tmp_path):

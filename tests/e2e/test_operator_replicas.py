@@ -56,11 +56,14 @@ def test_two_replicas_one_acts_and_the_other_takes_over(crd, namespace, operator
         pods = lambda: sorted(p.metadata.name for p in core.list_namespaced_pod(namespace).items  # noqa: E731
                               if not p.metadata.deletion_timestamp)  # fmt: skip
         wait_for(lambda: pods() == ["peer-rdzv", "peer-worker-0"], what="the leader to start the job")
-        wait_for(lambda: leader.metric("largebatch_operator_workers", namespace=namespace, job="peer", state="ready"),
+        peer = {"namespace": namespace, "job_name": "peer"}
+        wait_for(lambda: leader.metric("largebatch_operator_workers", **peer, state="ready"),
                  what="the leader's metrics to show the worker ready")  # fmt: skip
         assert reconciles(leader) > 0 and reconciles(standby) == 0 and paused(standby)
-        assert leader.metric("largebatch_operator_scale_decisions_total", reason=controller.Kind.START.value) == 1
-        assert leader.metric("largebatch_operator_workers", namespace=namespace, job="peer", state="desired") == 1
+        start = controller.Kind.START.value
+        assert leader.metric("largebatch_operator_scale_decisions_total", **peer, reason=start) == 1
+        assert leader.metric("largebatch_operator_workers", **peer, state="desired") == 1
+        assert leader.metric("largebatch_operator_job_phase", **peer, phase="Running") == 1
         assert leader.metric("largebatch_operator_jobs", phase="Running") == 1
         assert leader.metric("largebatch_operator_capacity_limited_jobs") == 0
 
@@ -71,10 +74,10 @@ def test_two_replicas_one_acts_and_the_other_takes_over(crd, namespace, operator
         wait_for(lambda: pods() == ["peer-rdzv", "peer-worker-0"], what="the worker replaced")
         worker = core.read_namespaced_pod("peer-worker-0", namespace)
         assert worker.status.phase in ("Pending", "Running")
-        assert standby.metric("largebatch_operator_workers", namespace=namespace, job="peer", state="desired") == 1
+        assert standby.metric("largebatch_operator_workers", namespace=namespace, job_name="peer", state="desired") == 1
         # The jobs carry kopf's finalizer (its timers need one): deleted while an operator runs.
         crd.kubectl("delete", "lbj", "peer", "-n", namespace, "--timeout=60s")
-        wait_for(lambda: standby.metric("largebatch_operator_workers", namespace=namespace, job="peer",
+        wait_for(lambda: standby.metric("largebatch_operator_workers", namespace=namespace, job_name="peer",
                                         state="desired") is None, what="the deleted job's series gone")  # fmt: skip
     finally:
         for operator in (standby, leader):

@@ -40,7 +40,11 @@ def long_job(tmp_path, name):
 
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    # Every series names its job and process; the job file has no namespace, so it is "default".
+    for sample in samples:
+        assert {"namespace": "default", "job_name": "interrupted", "rank": "0"}.items() <= sample.labels.items()
+    return {s.name: s.value for s in samples}
 
 
 def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
@@ -59,9 +63,11 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
             "largebatch_learning_rate", "largebatch_global_batch_size", "largebatch_micro_batch_size",
             "largebatch_accumulation_steps", "largebatch_world_size", "largebatch_gradient_noise_scale",
             "largebatch_checkpoint_duration_seconds", "largebatch_elastic_restarts", "largebatch_progress_samples",
+            "largebatch_global_batch_size_target", "largebatch_total_samples",
         ]:  # fmt: skip
             assert name in metrics, name
-        assert metrics["largebatch_global_batch_size"] == 16
+        assert metrics["largebatch_global_batch_size"] == metrics["largebatch_global_batch_size_target"] == 16
+        assert metrics["largebatch_total_samples"] == TOTAL
         assert metrics["largebatch_accumulation_steps"] == 2  # 16 samples in micro-batches of 8
         assert metrics["largebatch_world_size"] == 1
         assert metrics["largebatch_samples_per_second"] > 0

@@ -57,6 +57,11 @@ def test_examples_are_valid_jobs(name):
             "seesaw needs a decaying schedule",
             "decay=constant",
         ),
+        (
+            {"metrics": {"port": 65534}, "workers": {"devicesPerWorker": 4}},
+            "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
+            "port=65534, devicesPerWorker=4",
+        ),
     ],
 )
 def test_cross_field_rules_name_the_field_the_fix_and_the_numbers(overrides, field, numbers):

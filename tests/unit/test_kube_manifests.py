@@ -87,6 +87,11 @@ def test_accelerators_resources_and_scheduling_overrides_reach_the_pod():
         }
     )  # fmt: skip
     spec = manifests.worker_pod(tpu, UID, 0, 1)["spec"]
+    # One named metrics port per trainer process, for a PodMonitor to find.
+    assert spec["containers"][0]["ports"] == [
+        {"name": name, "containerPort": 9404 + rank}
+        for rank, name in enumerate(["metrics", "metrics-1", "metrics-2", "metrics-3"])
+    ]
     resources = spec["containers"][0]["resources"]
     assert resources["limits"] == {"memory": "64Gi", "google.com/tpu": "4"}
     assert resources["requests"] == {"cpu": "8", "memory": "64Gi", "google.com/tpu": "4"}

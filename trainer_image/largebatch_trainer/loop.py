@@ -94,7 +94,10 @@ class Trainer:
             )
             self.hook = _Norms(self.device)
             self.model.register_comm_hook(self.hook, _sum_hook)
-        self.metrics = Metrics(self.job.metadata.name, self.env.rank, options.metrics_port)
+        self.metrics = Metrics(
+            self.job.metadata.namespace or "default", self.job.metadata.name, self.env.rank, options.metrics_port
+        )
+        self.metrics.total.set(self.spec.schedule.total_samples)
         self.restarts = _restarts_of_any_agent(self.env.restart_count, self.device)
         self.metrics.restarts.set(self.restarts)
         self.throughput: float | None = None
@@ -189,12 +192,13 @@ class Trainer:
                 loss_sum += step_loss.detach().double()
                 position += size
 
-        # Small-batch statistics, the global loss and the stop flag travel in one all-reduce:
-        # [loss sum, Σ |G_small|², Σ 1/B_small, small batches, stop].
-        stats = torch.zeros(5, dtype=torch.float64, device=self.device)
+        # Small-batch statistics, the global loss, the stop flag and the samples each rank ran travel in
+        # one all-reduce: [loss sum, Σ |G_small|², Σ 1/B_small, small batches, stop, samples].
+        stats = torch.zeros(6, dtype=torch.float64, device=self.device)
         stats[0] = loss_sum
         stats[4] = float(self.stop.requested)
         rank_samples = sum(micro)
+        stats[5] = rank_samples
         if world > 1 and rank_samples:
             stats[1] = self.hook.local_sq * (batch / rank_samples) ** 2
             stats[2] = 1.0 / rank_samples
@@ -213,7 +217,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if pending is not None:
             pending.wait()
-        loss_total, small_sq, inverse_sizes, smalls, stop = stats.tolist()  # the step's one host sync
+        loss_total, small_sq, inverse_sizes, smalls, stop, consumed = stats.tolist()  # the step's one host sync
         if smalls >= 2:  # at least two small batches: the estimators are defined
             b_small = smalls / inverse_sizes
             if b_small < batch:
@@ -225,7 +229,7 @@ class Trainer:
         self.last_loss = loss_total / batch
         rate = batch / elapsed
         self.throughput = rate if self.throughput is None else 0.9 * self.throughput + 0.1 * rate
-        self._update_metrics(plan, split, elapsed)
+        self._update_metrics(plan, split, elapsed, int(consumed))
         self._report()
         return bool(stop)
 
@@ -238,23 +242,24 @@ class Trainer:
 
     # --- reporting --------------------------------------------------------------------------------
 
-    def _update_metrics(self, plan: schedule.Plan, split: schedule.Split, elapsed: float) -> None:
+    def _update_metrics(self, plan: schedule.Plan, split: schedule.Split, elapsed: float, consumed: int) -> None:
         m, tokens = self.metrics, self.task.tokens_per_sample
-        m.samples.inc(plan.global_batch)
-        m.tokens.inc(plan.global_batch * tokens)
+        m.samples.inc(consumed)
+        m.tokens.inc(consumed * tokens)
         m.steps.inc()
         m.step_seconds.observe(elapsed)
         m.samples_per_second.set(self.throughput)
         m.tokens_per_second.set(self.throughput * tokens)
         m.loss.set(self.last_loss)
         m.lr.set(plan.lr)
-        m.global_batch.set(plan.global_batch)
+        m.global_batch.set(consumed)
+        m.global_batch_target.set(plan.policy_batch)
         m.micro_batch.set(split.max_micro_batch)
         m.accumulation.set(split.accumulation_steps)
         m.world_size.set(self.env.world_size)
         m.progress.set(self.progress.samples)
         if self.noise.value is not None:
-            m.noise_scale.set(self.noise.value)
+            m.noise_scale(self.noise.value)
         self.plan_status = PlanStatus(
             global_batch=plan.global_batch,
             micro_batch=split.max_micro_batch,

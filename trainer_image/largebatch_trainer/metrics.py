@@ -1,4 +1,5 @@
-"""Prometheus metrics every worker serves on `metrics.port` (+ LOCAL_RANK). Listed in docs/metrics.md."""
+"""Prometheus metrics every worker serves on `metrics.port` (+ LOCAL_RANK), labelled with the job's
+`namespace`, `job_name` and the process's `rank`. Listed in docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 
 class Metrics:
-    def __init__(self, job: str, rank: int, port: int | None):
+    def __init__(self, namespace: str, job: str, rank: int, port: int | None):
         self.registry = CollectorRegistry()
-        labels = {"job_name": job, "rank": str(rank)}
+        labels = {"namespace": namespace, "job_name": job, "rank": str(rank)}
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
@@ -30,12 +31,25 @@ class Metrics:
         ).labels(**labels)
         self.loss = gauge("largebatch_loss", "Training loss of the last step (mean per sample)")
         self.lr = gauge("largebatch_learning_rate", "Learning rate of the last step")
-        self.global_batch = gauge("largebatch_global_batch_size", "Global batch of the last step, in samples")
+        self.global_batch = gauge(
+            "largebatch_global_batch_size", "Samples the last step consumed over all ranks (the actual global batch)"
+        )
+        self.global_batch_target = gauge(
+            "largebatch_global_batch_size_target", "Global batch the batch policy set for the last step, in samples"
+        )
         self.micro_batch = gauge("largebatch_micro_batch_size", "Largest micro-batch per device, in samples")
         self.accumulation = gauge("largebatch_accumulation_steps", "Gradient accumulation steps per optimizer step")
         self.world_size = gauge("largebatch_world_size", "Training processes in the current rendezvous")
-        self.noise_scale = gauge("largebatch_gradient_noise_scale", "Smoothed gradient noise scale B_simple")
+        # Absent, not 0, until measured: a noise scale of 0 would read as "any batch is too large".
+        self._noise_scale = Gauge(
+            "largebatch_gradient_noise_scale",
+            "Smoothed gradient noise scale B_simple",
+            list(labels),
+            registry=self.registry,
+        )
+        self._labels = labels
         self.progress = gauge("largebatch_progress_samples", "Samples consumed by the whole job")
+        self.total = gauge("largebatch_total_samples", "The job's data budget (schedule.totalSamples)")
         self.checkpoint_seconds = gauge(
             "largebatch_checkpoint_duration_seconds", "Wall time of the last checkpoint write"
         )
@@ -46,3 +60,6 @@ class Metrics:
         if port:
             server, _ = start_http_server(port, registry=self.registry)
             self.port = server.server_address[1]
+
+    def noise_scale(self, value: float) -> None:
+        self._noise_scale.labels(**self._labels).set(value)

@@ -58,3 +58,24 @@ namespace, a Role's in each of watchNamespaces. */}}
   resources: [events]
   verbs: [create, patch]
 {{- end -}}
+
+{{/* Stops the install when a Prometheus Operator object is asked for and the cluster lacks its CRDs:
+the alternative, leaving it out, would leave the user believing the job is monitored. */}}
+{{- define "largebatch.requirePrometheusOperator" -}}
+{{- if not (.root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
+{{- fail (printf "monitoring.%s.enabled is true but the cluster has no monitoring.coreos.com/v1 API: install the Prometheus Operator's CRDs first, or set monitoring.%s.enabled=false (with helm template, pass --api-versions monitoring.coreos.com/v1)" .key .key) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "largebatch.monitoringLabels" -}}
+{{ include "largebatch.labels" . }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The operator's metrics Service: the ServiceMonitor's scrape job takes its name, and the
+LargeBatchOperatorDown alert looks for that job. */}}
+{{- define "largebatch.metricsService" -}}
+{{ include "largebatch.fullname" . }}-metrics
+{{- end -}}

@@ -87,7 +87,7 @@ def _run(body, patch, job_pods: kopf.Index) -> None:
         finally:
             METRICS.reconcile_seconds.observe(time.perf_counter() - started)
     if done.decision:
-        METRICS.decisions.labels(done.decision.kind.value).inc()
+        METRICS.decided(namespace, name, done.decision.kind.value)
     METRICS.record(namespace, name, done.status)
     for key, value in done.changes.items():
         patch.status[key] = value

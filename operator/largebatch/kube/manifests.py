@@ -174,6 +174,15 @@ def workers_service(job: LargeBatchJob, uid: str) -> dict[str, Any]:
     }
 
 
+def metrics_ports(spec: api.LargeBatchJobSpec) -> list[dict[str, Any]]:
+    """A named port for each trainer process of a worker (local rank r serves on `metrics.port` + r), so
+    that a PodMonitor finds them all: `metrics`, `metrics-1`, ..."""
+    return [
+        {"name": f"metrics-{rank}" if rank else "metrics", "containerPort": spec.metrics.port + rank}
+        for rank in range(spec.workers.devices_per_worker)
+    ]
+
+
 def run_id(job: str, uid: str, round_: int) -> str:
     """The rendezvous id of a job's round `round_` (`torchrun --rdzv-id`)."""
     return f"{job}-{uid[:8]}-{round_}"
@@ -216,7 +225,7 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[st
                 "image": spec.image,
                 "command": launch.torchrun_args(spec, f"{JOB_DIR}/{JOB_FILE}", rendezvous),
                 "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
-                "ports": [{"name": "metrics", "containerPort": spec.metrics.port}],
+                "ports": metrics_ports(spec),
                 "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
                 "securityContext": _security(),
                 # The last lines of a failed worker's log become its termination message, which the
