@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -75,3 +78,10 @@ def contiguous(spans: list[tuple[int, int]], total: int, last_batch: int = 0) ->
     end = spans[-1][1]
     ends_right = end - last_batch < total <= end if last_batch else end == total
     return spans[0][0] == 0 and ends_right and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def lbctl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`lbctl ARGS` as a user runs it: the installed console script (else `python -m largebatch`)."""
+    exe = shutil.which("lbctl", path=str(ROOT / ".venv" / "bin")) or shutil.which("lbctl")
+    command = [exe] if exe else [sys.executable, "-m", "largebatch"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, **kw)

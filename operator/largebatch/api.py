@@ -22,6 +22,11 @@ PLURAL = "largebatchjobs"
 SHORT_NAME = "lbj"
 # Worker pods are named `<job>-worker-<n>`; their names must stay valid DNS labels (63 characters).
 MAX_NAME_LENGTH = 50
+# Bounds on the numbers that make planning or a step's work grow with them: nothing a user writes may
+# turn `lbctl plan` or a step into a hang.
+MAX_RAMP_LEVELS = 10_000
+MAX_ACCUMULATION = 65_536
+MAX_TOTAL_SAMPLES = 10**15
 
 
 class Rule(NamedTuple):
@@ -35,7 +40,9 @@ class Rule(NamedTuple):
 
 
 class _Model(BaseModel):
-    """Base for API objects: camelCase on the wire, unknown fields rejected, docstrings as descriptions."""
+    """Base for API objects: camelCase on the wire, unknown fields rejected, docstrings as descriptions.
+    Types are checked as the API server checks them: no bool or numeric string for an integer, no float
+    where an integer belongs, no NaN or infinity."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -43,6 +50,8 @@ class _Model(BaseModel):
         extra="forbid",
         frozen=True,
         use_attribute_docstrings=True,
+        strict=True,
+        allow_inf_nan=False,
     )
     rules: ClassVar[tuple[Rule, ...]] = ()
 
@@ -289,6 +298,28 @@ class BatchSpec(_Model):
             ),
             ".policy.linearRamp.increment",
         ),
+        Rule(
+            "self.policy.type != 'linearRamp' || !has(self.policy.linearRamp) || "
+            f"(self.max - self.initial) / self.policy.linearRamp.increment <= {MAX_RAMP_LEVELS}",
+            f"batch.policy.linearRamp makes at most {MAX_RAMP_LEVELS:,} batch increases: raise linearRamp.increment",
+            lambda s: (
+                s.policy.type != "linearRamp"
+                or s.policy.linear_ramp is None
+                or (s.max - s.initial) // s.policy.linear_ramp.increment <= MAX_RAMP_LEVELS
+            ),
+            lambda s: (
+                f"levels={(s.max - s.initial) // s.policy.linear_ramp.increment if s.policy.linear_ramp else 0:,}"
+            ),
+            ".policy.linearRamp.increment",
+        ),
+        Rule(
+            f"self.max <= self.microBatchPerDevice * {MAX_ACCUMULATION}",
+            f"batch.max must be <= batch.microBatchPerDevice x {MAX_ACCUMULATION:,} (the most gradient "
+            "accumulation steps one device may take): raise microBatchPerDevice",
+            lambda s: s.max <= s.micro_batch_per_device * MAX_ACCUMULATION,
+            lambda s: f"max={s.max:,}, microBatchPerDevice={s.micro_batch_per_device:,}",
+            ".max",
+        ),
     )
 
 
@@ -326,7 +357,7 @@ class OptimizerSpec(_Model):
 class ScheduleSpec(_Model):
     """The training budget and the LR schedule of the base (constant-batch) run."""
 
-    total_samples: int = Field(ge=1)
+    total_samples: int = Field(ge=1, le=MAX_TOTAL_SAMPLES)
     """Samples to train on in total (the data budget)."""
     warmup_samples: int = Field(default=0, ge=0)
     """Samples over which the LR rises linearly to its peak (gradual warmup, Goyal et al.)."""

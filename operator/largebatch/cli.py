@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from itertools import pairwise
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from largebatch import controller, jobfile, plan_report, timestamps
@@ -28,12 +30,24 @@ errors = Console(stderr=True)
 JobPath = Annotated[Path, typer.Argument(help="A LargeBatchJob YAML file.", show_default=False)]
 
 
+def _finite(value: float | None) -> float | None:
+    """A float flag: NaN and infinities pass click's range check, so they are refused here."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+def _fail(message: object, code: int = 2) -> typer.Exit:
+    """Say `message` on stderr as it is (never taken for markup), and the exit to raise with `code`."""
+    errors.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
 def _load(path: Path):
     try:
         return jobfile.load(path)
     except jobfile.JobFileError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc) from None
 
 
 @app.command()
@@ -44,13 +58,15 @@ def plan(
     ] = None,
     noise_scale: Annotated[
         float | None,
-        typer.Option(min=0.0, help="criticalBatch: the gradient noise scale to assume throughout."),
+        typer.Option(min=0.0, callback=_finite, help="criticalBatch: the gradient noise scale to assume throughout."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw batch and LR against samples to this PNG.")] = None,
 ) -> None:
     """Show the schedule a job will follow: batch, LR, workers and steps per phase."""
     manifest = _load(job)
+    if plot is not None and not plot.parent.is_dir():
+        raise _fail(f"--plot: the folder {plot.parent} does not exist; create it or pick another path")
     spec = manifest.spec
     result = plan_report.report(spec, capacity=workers, noise_scale=noise_scale)
     if plot is not None:
@@ -103,11 +119,14 @@ def run(
         Path | None, typer.Option(help="Where checkpoints, logs and the record go (default: runs/NAME).")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(min=0, help="Metrics port of the first worker (default: metrics.port); 0 disables.")
+        int | None,
+        typer.Option(min=0, max=65535, help="Metrics port of the first worker (default: metrics.port); 0 disables."),
     ] = None,
     restart_cost: Annotated[
         float | None,
-        typer.Option(min=0.0, help="Seconds a rescale is assumed to cost until one is measured (default: 10)."),
+        typer.Option(
+            min=0.0, callback=_finite, help="Seconds a rescale is assumed to cost until one is measured (default: 10)."
+        ),
     ] = None,
 ) -> None:
     """Run a job: submit it to the current context and follow it (Ctrl-C stops following, not the job), or
@@ -118,20 +137,28 @@ def run(
                       "--restart-cost": restart_cost}  # fmt: skip
         given = [flag for flag, value in local_only.items() if value is not None]
         if given:
-            errors.print(f"error: {', '.join(given)} only apply with --local (on a cluster the operator decides)")
-            raise typer.Exit(2)
+            raise _fail(f"{', '.join(given)} only apply with --local (on a cluster the operator decides)")
         _submit(job, manifest, namespace, context, detach)
         return
     spec = manifest.spec
+    slots = slots or max(1, (os.cpu_count() or 1) // spec.workers.devices_per_worker)
     try:
-        steps = controller.parse_capacity(capacity) if capacity else None
+        steps = controller.parse_capacity(capacity) if capacity is not None else None
+        controller.check_capacity(steps or [], slots, spec.workers.min)
     except ValueError as exc:
-        errors.print(f"error: --capacity: {exc}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc) from None
     import torch
+
+    from largebatch_trainer.tasks import load_task
+
+    try:  # here, in seconds, rather than in a node's log after its launches fail
+        load_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
+    except SystemExit as exc:
+        raise _fail(exc) from None
 
     from largebatch.local import record
     from largebatch.local.display import LiveDisplay
+    from largebatch.local.rundir import RunDirError
     from largebatch.local.runner import LocalRun, RunFailed, RunOptions
 
     device = "cpu"
@@ -141,24 +168,32 @@ def run(
         console.print(f"[yellow]note:[/] no {spec.workers.accelerator} here; the workers train on the CPU")
     options = RunOptions(
         run_dir=run_dir or Path("runs") / manifest.metadata.name,
-        slots=slots or max(1, (os.cpu_count() or 1) // spec.workers.devices_per_worker),
+        slots=slots,
         capacity=steps,
         device=device,
         metrics_port=spec.metrics.port if metrics_port is None else metrics_port,
         restart_seconds=restart_cost,
     )
-    with LiveDisplay(console, manifest.metadata.name, spec.schedule.total_samples) as display:
-        runner = LocalRun(manifest, job, options, display)
-        try:
-            code, failure = runner.run(), None
-        except RunFailed as exc:
-            code, failure = 1, exc
+    try:
+        with LiveDisplay(console, manifest.metadata.name, spec.schedule.total_samples) as display:
+            runner = LocalRun(manifest, job, options, display)
+            record.write(runner.record(), runner.run_dir, with_plot=False)  # this session, from its start
+            try:
+                code, failure = runner.run(), None
+            except RunFailed as exc:
+                code, failure = 1, exc
+    except (RunDirError, record.RecordError) as exc:
+        raise _fail(exc) from None
     if failure:
-        errors.print(f"[bold red]error:[/] {failure}", soft_wrap=True, highlight=False)
+        errors.print(f"[bold red]error:[/] {escape(str(failure))}", highlight=False, soft_wrap=True)
+    runner.end("complete" if code == 0 else "failed" if failure else "stopped")
     result = runner.record()
-    json_path, png_path = record.write(result, runner.run_dir)
+    try:
+        json_path, png_path = record.write(result, runner.run_dir)
+    except record.RecordError as exc:
+        raise _fail(exc, code or 2) from None
     _summary(result, json_path, png_path)
-    if code == 130:
+    if code > 128:
         console.print(f"Stopped. Run the same command again to resume from the last checkpoint in {runner.run_dir}.")
     raise typer.Exit(code)
 
@@ -213,12 +248,10 @@ Context = Annotated[str | None, typer.Option("--context", help="kubeconfig conte
 
 def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context: str | None, detach: bool) -> None:
     """Create the job (validated already, as `lbctl plan` validates it) and follow it to its end."""
-    import yaml
-
     cluster = _cluster(context)
     ns = namespace or manifest.metadata.namespace or cluster.namespace
     name = manifest.metadata.name
-    document = yaml.safe_load(path.read_text())
+    document = jobfile.read_document(path)
     created = _read(cluster.submit, ns, document)
     try:
         console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
@@ -234,7 +267,7 @@ def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context:
     phase = (ended[0].get("status") or {}).get("phase")
     for cond in (ended[0].get("status") or {}).get("conditions", []):
         if cond.get("type") in ("Failed", "Complete"):
-            console.print(f"{cond['type']}: {cond.get('message', '')}", highlight=False)
+            console.print(f"{cond['type']}: {cond.get('message', '')}", highlight=False, markup=False)
     raise typer.Exit(0 if phase == "Succeeded" else 1)
 
 
@@ -249,7 +282,7 @@ def _jobs_table(jobs: list[dict], ns: str | None, wide: bool) -> Table | str:
         grid.add_column(column, no_wrap=True, justify="left" if column in ("NAME", "NAMESPACE", "PHASE") else "right")
     now = timestamps.now()
     for job in jobs:
-        grid.add_row(*job_view.row(job, now, wide))
+        grid.add_row(*(escape(cell) for cell in job_view.row(job, now, wide)))
     return grid
 
 
@@ -288,8 +321,7 @@ def _read(call, *args):
     try:
         return call(*args)
     except ClusterError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise _fail(exc, 1) from None
 
 
 @app.command()
@@ -305,8 +337,7 @@ def status(
     import yaml
 
     if output not in (None, "wide", "json", "yaml"):
-        errors.print(f"error: --output must be wide, json or yaml, got {output!r}")
-        raise typer.Exit(2)
+        raise _fail(f"--output must be wide, json or yaml, got {output!r}")
     cluster = _cluster(context)
     ns = None if all_namespaces else (namespace or cluster.namespace)
 
@@ -357,15 +388,16 @@ def describe(
     console.print(f"[bold]Rescales[/] {rescales.get('count', 0)}", highlight=False)
     for r in rescales.get("recent", []):
         move = f"{r.get('from')} → {r.get('to')} workers"
-        console.print(f"  {r.get('time', '')}  {move}  {r.get('kind', '')}: {r.get('reason', '')}", highlight=False)
+        console.print(f"  {r.get('time', '')}  {move}  {r.get('kind', '')}: {r.get('reason', '')}", highlight=False,
+                      markup=False)  # fmt: skip
     console.print("[bold]Conditions[/]")
     for cond in status.get("conditions", []):
         console.print(f"  {cond['type']}={cond['status']}  {cond.get('reason', '')}: {cond.get('message', '')}",
-                      highlight=False)  # fmt: skip
+                      highlight=False, markup=False)  # fmt: skip
     console.print("[bold]Events[/]")
     for event in events[-10:]:
         console.print(f"  {event.get('type', '')}  {event.get('reason', '')}: {event.get('message', '')}",
-                      highlight=False)  # fmt: skip
+                      highlight=False, markup=False)  # fmt: skip
 
 
 @app.command()

@@ -139,17 +139,30 @@ def parse_capacity(text: str) -> list[tuple[float, int]]:
     for part in text.split(","):
         match = _STEP.match(part)
         if not match:
-            raise ValueError(f"capacity step {part.strip()!r} is not FRACTION:WORKERS (for example 30%:3)")
+            raise ValueError(f"--capacity: step {part.strip()!r} is not FRACTION:WORKERS (for example 30%:3)")
         value, percent, workers = match.groups()
         at = float(value) / (100 if percent else 1)
         if not 0 <= at <= 1:
-            raise ValueError(f"capacity step {part.strip()!r}: the point must be within 0..100% of the run")
+            raise ValueError(f"--capacity: step {part.strip()!r}: the point must be within 0..100% of the run")
         steps.append((at, int(workers)))
     if [s[0] for s in steps] != sorted(s[0] for s in steps):
-        raise ValueError(f"capacity steps must be in increasing order, got {text!r}")
+        raise ValueError(f"--capacity: steps must be in increasing order, got {text!r}")
     if steps[0][0] != 0:
-        raise ValueError(f"the capacity schedule must start at 0 (for example 0:1), got {text!r}")
+        raise ValueError(f"--capacity: the schedule must start at 0 (for example 0:1), got {text!r}")
     return steps
+
+
+def check_capacity(steps: list[tuple[float, int]], slots: int, workers_min: int) -> None:
+    """Refuse a capacity that would hold a job below workers.min: progress could never reach the next
+    step of the schedule, so the run would wait there forever."""
+    if slots < workers_min:
+        raise ValueError(f"--slots: this machine holds {slots} node(s) but workers.min is {workers_min}: "
+                         "raise --slots or lower workers.min")  # fmt: skip
+    for at, workers in steps:
+        if workers < workers_min:
+            raise ValueError(f"--capacity: from {at:.0%} on it places {workers} worker(s), fewer than workers.min "
+                             f"{workers_min}: the job would wait there forever; give each step at least "
+                             f"{workers_min}")  # fmt: skip
 
 
 def capacity_at(steps: list[tuple[float, int]], fraction: float) -> int:

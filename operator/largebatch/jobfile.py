@@ -14,18 +14,45 @@ class JobFileError(Exception):
     """A job file that cannot be used; the message says where and why."""
 
 
-def load(path: str | Path) -> LargeBatchJob:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML as kubectl reads it: a key given twice in one mapping is an error, not the last one winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    f"while reading the mapping that starts {node.start_mark}".strip(),
+                    None,
+                    f"the key {key!r} is given twice (first {seen[key]}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_document(path: str | Path) -> dict:
+    """The job file's YAML mapping, as the API server would get it from kubectl."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise JobFileError(f"{path}: cannot read the job file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise JobFileError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                           "save the job file as UTF-8") from None  # fmt: skip
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise JobFileError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(document, dict):
         raise JobFileError(f"{path}: expected a LargeBatchJob manifest (a YAML mapping), got {document!r:.60}")
+    return document
+
+
+def load(path: str | Path) -> LargeBatchJob:
+    document = read_document(path)
     try:
         return LargeBatchJob.model_validate(document)
     except ValidationError as exc:

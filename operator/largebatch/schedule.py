@@ -12,6 +12,7 @@ The trainer, the controller and `lbctl plan` all call these functions, so they c
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -311,10 +312,11 @@ def trace(spec: LargeBatchJobSpec, noise_scale: float | None = None, points: int
 def _walk(spec: LargeBatchJobSpec, noise_scale: float | None, max_steps: int | None = None):
     total = spec.schedule.total_samples
     progress = Progress(noise_scale=noise_scale)
+    events = sorted(_sample_events(spec))  # once: a walk visits every one of them
     while progress.samples < total:
         first = plan(spec, progress)
         batch = first.policy_batch
-        n = min(_steps_holding(spec, progress, batch), -(-(total - progress.samples) // batch))
+        n = min(_steps_holding(spec, progress, batch, events), -(-(total - progress.samples) // batch))
         if max_steps is not None:
             n = min(n, max_steps)
         # Within a piece only samples and step move, so the state before its last step is exact.
@@ -331,11 +333,12 @@ def _walk(spec: LargeBatchJobSpec, noise_scale: float | None, max_steps: int | N
         progress = advance(before_last, last)
 
 
-def _steps_holding(spec: LargeBatchJobSpec, progress: Progress, batch: int) -> int:
-    """Steps from `progress` for which the policy batch and phase stay as they are (at least 1)."""
+def _steps_holding(spec: LargeBatchJobSpec, progress: Progress, batch: int, events: list[int]) -> int:
+    """Steps from `progress` for which the policy batch and phase stay as they are (at least 1); `events`
+    are the sorted `_sample_events`."""
     s = progress.samples
-    events = [e for e in _sample_events(spec) if e > s]
-    n = -(-(min(events) - s) // batch) if events else 1 << 62
+    following = bisect.bisect_right(events, s)
+    n = -(-(events[following] - s) // batch) if following < len(events) else 1 << 62
     policy = spec.batch.policy
     if (
         policy.type == "criticalBatch"

@@ -51,6 +51,17 @@ def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
         (lambda s: s["workers"].update(maxRestarts=-1), "spec.workers.maxRestarts: Invalid value"),
         (lambda s: s["batch"].update(microBatchPerDevice=0), "spec.batch.microBatchPerDevice: Invalid value"),
         (lambda s: s.update(metrics={"port": 80}), "spec.metrics.port: Invalid value"),
+        (lambda s: s["batch"].update(max=256 * 65_536 + 256), "batch.max must be <= batch.microBatchPerDevice x"),
+        (
+            lambda s: s["batch"].update(
+                initial=1,
+                max=20_001,
+                policy={"type": "linearRamp", "linearRamp": {"increment": 1, "rampSamples": 1000}},
+            ),
+            "linearRamp makes at most 10,000 batch increases",
+        ),  # fmt: skip
+        (lambda s: s["schedule"].update(totalSamples=10**16), "spec.schedule.totalSamples: Invalid value"),
+        (lambda s: s["workers"].update(min=True), "spec.workers.min: Invalid value"),
         (
             lambda s: (s.update(metrics={"port": 65530}), s["workers"].update(devicesPerWorker=8)),
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",

@@ -93,7 +93,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
     status = status_of(crd, namespace, "grow")
     assert status["progress"]["samples"] == GROW_TOTAL and status["progress"]["done"] is True
     assert status["rescales"]["count"] >= 1 and status["rescales"]["recent"][0]["to"] == 2
-    state = checkpoint.load(checkpoint.latest(tmp_path / "pods" / "pvc-checkpoints"))
+    state = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]
     worlds = [run[3] for run in state["history"]]
     assert worlds[0] == 1 and 2 in worlds, state["history"]
     batches = [run[2] for run in state["history"]]
@@ -115,7 +115,7 @@ def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, po
 
 
 def history(tmp_path) -> list[list[int]]:
-    return checkpoint.load(checkpoint.latest(tmp_path / "pods" / "pvc-checkpoints"))["history"]
+    return checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["history"]
 
 
 def contiguous(runs: list[list[int]], total: int) -> bool:
@@ -160,9 +160,7 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
         wait_for(lambda: not [n for n in pods.running if "worker" in n], what="the workers' processes to end")
         stopped = status_of(crd, namespace, "pause")["progress"]["samples"]
         assert 0 < stopped < TOTAL
-        assert (
-            checkpoint.load(checkpoint.latest(tmp_path / "pods" / "pvc-checkpoints"))["progress"]["samples"] == stopped
-        )
+        assert checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["progress"]["samples"] == stopped
         custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "pause",
                                               {"spec": {"suspend": False}})  # fmt: skip
         wait_or_explain(lambda: status_of(crd, namespace, "pause").get("phase") == "Succeeded", "the job to succeed",

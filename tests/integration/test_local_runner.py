@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from itertools import pairwise
 from pathlib import Path
 
@@ -13,39 +12,19 @@ import pytest
 from largebatch import schedule
 from largebatch.local.nodes import descendants
 from tests.helpers import contiguous, wait_for
-from tests.integration.trainer_helpers import PYTHON, kill_tree, spec_of, trainer_env, write_job
+from tests.integration.trainer_helpers import (
+    kill_tree,
+    lbctl_run,
+    progress_of,
+    spec_of,
+    start_lbctl,
+    start_training,
+    trainer_env,
+    trainer_workers,
+    write_job,
+)
 
 pytestmark = pytest.mark.integration
-
-LBCTL = [PYTHON, "-m", "largebatch"]
-
-
-def lbctl_run(job: Path, run_dir: Path, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env())
-
-
-def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
-    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0"]
-    # Its own process group, like a shell's foreground job: Ctrl-C goes to the group.
-    return subprocess.Popen(
-        command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def start_training(job: Path, run_dir: Path) -> subprocess.Popen:
-    """`lbctl run` in the background, returned once it is past its first 200 steps."""
-    runner = start_lbctl(job, run_dir)
-    try:
-        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
-    except BaseException:
-        kill_tree(runner.pid)
-        raise
-    return runner
-
-
-def progress_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "progress.json").read_text())
 
 
 def test_capacity_changes_keep_the_global_batch_exact(tmp_path):
@@ -153,20 +132,6 @@ def linreg_job(tmp_path, name: str, total: int) -> Path:
     )
 
 
-def trainer_workers(job: Path) -> dict[int, int]:
-    """{rank: PID} of the trainer processes (not torchrun agents) running this job file."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
-        except OSError:
-            continue
-        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"largebatch_trainer.torchrun" not in argv:
-            found[int(environ.get(b"RANK", b"0"))] = int(entry.name)
-    return found
-
-
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
     total = 32 * 12_000
     job, run_dir = linreg_job(tmp_path, "killed", total), tmp_path / "run"
@@ -225,8 +190,21 @@ def test_ctrl_c_leaves_no_process_behind_and_a_second_run_resumes(tmp_path):
 
 
 def test_a_job_whose_workers_cannot_start_fails_with_their_error(tmp_path):
-    job = write_job(tmp_path, "broken", task={"args": {"dim": 8, "no_such_argument": 1}})
-    result = lbctl_run(job, tmp_path / "run", timeout=300)
-    assert result.returncode == 1
-    assert "unexpected keyword argument 'no_such_argument'" in result.stderr
+    # A task that loads (the runner checks that first) but whose workers fail at their first step; its
+    # words contain rich markup, which must reach the terminal as written.
+    (tmp_path / "failing_task.py").write_text(
+        "from largebatch_trainer.tasks import linreg\n\n"
+        "def build(**args):\n"
+        "    task = linreg(**args)\n"
+        "    def loss(model, batch):\n"
+        "        raise ValueError('[bold]no[/bold] gradient for [red]you[/red]')\n"
+        "    task.loss = loss\n"
+        "    return task\n"
+    )
+    job = write_job(tmp_path, "broken", task={"entrypoint": "failing_task:build", "args": {"dim": 8}})
+    env = trainer_env() | {"PYTHONPATH": f"{tmp_path}:{trainer_env().get('PYTHONPATH', '')}"}
+    result = lbctl_run(job, tmp_path / "run", timeout=300, env=env)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ValueError: [bold]no[/bold] gradient for [red]you[/red]" in result.stderr
+    assert "ValueError: [bold]no[/bold]" in result.stdout  # the first failure, shown as it happens
     assert trainer_workers(job) == {}

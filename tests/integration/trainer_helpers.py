@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import yaml
 from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
-from tests.helpers import merge, spec_dict
+from tests.helpers import merge, spec_dict, wait_for
 
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -60,9 +61,9 @@ def run_standalone(job: Path, nproc: int, *extra: str, timeout: float = 300) -> 
 
 
 def final_state(checkpoint_dir: Path) -> dict:
-    path = checkpoint.latest(checkpoint_dir)
-    assert path is not None, f"no checkpoint in {checkpoint_dir}"
-    return checkpoint.load(path)
+    found = checkpoint.newest_intact(checkpoint_dir)
+    assert found is not None, f"no checkpoint in {checkpoint_dir}"
+    return found[1]
 
 
 def params(state: dict) -> dict[str, torch.Tensor]:
@@ -72,3 +73,50 @@ def params(state: dict) -> dict[str, torch.Tensor]:
 def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:
     """(first sample, end sample) of each history run, from [first step, first sample, batch, world, steps]."""
     return [(first, first + batch * steps) for _, first, batch, _, steps in history]
+
+
+# --- `lbctl run --local` as a user runs it ------------------------------------------------------------
+
+LBCTL = [PYTHON, "-m", "largebatch"]
+
+
+def lbctl_run(job: Path, run_dir: Path, *extra: str, timeout: float = 400, env=None) -> subprocess.CompletedProcess:
+    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or trainer_env())
+
+
+def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
+    command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0"]
+    # Its own process group, like a shell's foreground job: Ctrl-C goes to the group.
+    return subprocess.Popen(
+        command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def start_training(job: Path, run_dir: Path) -> subprocess.Popen:
+    """`lbctl run` in the background, returned once it is past its first 200 steps."""
+    runner = start_lbctl(job, run_dir)
+    try:
+        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
+    except BaseException:
+        kill_tree(runner.pid)
+        raise
+    return runner
+
+
+def progress_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "progress.json").read_text())
+
+
+def trainer_workers(job: Path) -> dict[int, int]:
+    """{rank: PID} of the trainer processes (not torchrun agents) running this job file."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"largebatch_trainer.torchrun" not in argv:
+            found[int(environ.get(b"RANK", b"0"))] = int(entry.name)
+    return found

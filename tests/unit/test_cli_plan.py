@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLES, ROOT
-
-
-def lbctl(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("lbctl", path=str(ROOT / ".venv" / "bin")) or shutil.which("lbctl")
-    command = [exe] if exe else [sys.executable, "-m", "largebatch"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+from tests.helpers import EXAMPLES, ROOT, lbctl
 
 
 def test_plan_prints_the_seesaw_table_and_saving():

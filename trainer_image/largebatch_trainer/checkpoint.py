@@ -1,10 +1,16 @@
-"""Atomic checkpoints: written to a temporary name, flushed, then renamed, so a checkpoint that exists
-under its final name is complete. The newest one wins on every start."""
+"""Atomic, verified checkpoints. A checkpoint is written to a temporary name, flushed and renamed, with
+a manifest beside it (its size and SHA-256) written the same way after it, so a checkpoint whose
+manifest exists is complete. Loading verifies it; a damaged one (a disk that lied, a copy cut short)
+is passed over for the newest intact one, with a warning that names it."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +19,59 @@ import torch
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
 
 
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
 def path_for(directory: Path, step: int) -> Path:
     return directory / f"ckpt-{step:010d}.pt"
+
+
+def manifest_for(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
 
 
 def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     final = path_for(directory, step)
-    temporary = directory / f".{final.name}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as handle:
-        torch.save(payload, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, final)
+    digest = _write_atomically(final, lambda handle: torch.save(payload, handle))
+    _write_atomically(manifest_for(final), lambda handle: handle.write(json.dumps(digest).encode()))
     for old in all_checkpoints(directory)[:-keep]:
+        manifest_for(old).unlink(missing_ok=True)
         old.unlink(missing_ok=True)
     return final
+
+
+class _Hashing(io.RawIOBase):
+    """A write-only file that hashes what passes through it: the checkpoint is hashed as it is written,
+    not read back or held twice in memory."""
+
+    def __init__(self, handle):
+        self.handle, self.sha, self.size = handle, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+
+def _write_atomically(final: Path, write) -> dict[str, Any]:
+    """`write(file)` into a temporary file, fsync, rename to `final`; its size and SHA-256."""
+    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            hashing = _Hashing(handle)
+            write(hashing)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+    return {"size": hashing.size, "sha256": hashing.sha.hexdigest()}
 
 
 def all_checkpoints(directory: Path) -> list[Path]:
@@ -37,10 +80,27 @@ def all_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
 
 
-def latest(directory: Path) -> Path | None:
-    found = all_checkpoints(directory)
-    return found[-1] if found else None
-
-
 def load(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The checkpoint at `path`, verified against its manifest."""
+    try:
+        data = path.read_bytes()
+        manifest = json.loads(manifest_for(path).read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: incomplete, {Path(exc.filename).name} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot be read: {exc}") from None
+    if len(data) != manifest.get("size"):
+        raise CheckpointError(f"{path}: {len(data):,} bytes where {manifest.get('size'):,} were written (truncated)")
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise CheckpointError(f"{path}: its SHA-256 differs from the one written with it (corrupted)")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def newest_intact(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies, and its payload; each damaged newer one is named on stderr."""
+    for path in reversed(all_checkpoints(directory)):
+        try:
+            return path, load(path)
+        except CheckpointError as exc:
+            print(f"warning: skipping a damaged checkpoint: {exc}", file=sys.stderr, flush=True)
+    return None

@@ -106,10 +106,20 @@ class Trainer:
     # --- state ------------------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        path = checkpoint.latest(self.options.checkpoint_dir)
-        if path is None:
+        # Rank 0 picks the newest intact checkpoint and every rank loads that one: ranks must never train
+        # from different steps (another writer, or a file that went bad, could make them choose apart).
+        chosen: list[str | None] = [None]
+        state = None
+        if self.env.rank == 0:
+            found = checkpoint.newest_intact(self.options.checkpoint_dir)
+            if found:
+                chosen[0], state = found[0].name, found[1]
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        if chosen[0] is None:
             return
-        state = checkpoint.load(path)
+        if state is None:
+            state = checkpoint.load(self.options.checkpoint_dir / chosen[0])
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = schedule.Progress(**state["progress"])

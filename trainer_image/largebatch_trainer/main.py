@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 from largebatch import jobfile, launch
+from largebatch_trainer.lifeline import die_with_parent
 from largebatch_trainer.progress import make_sink
 
 
@@ -37,6 +39,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # A rank outliving its agent would hold up the group that replaces it: die with the agent.
+        die_with_parent(signal.SIGKILL)
     args = parse(argv)
     try:
         job = jobfile.load(args.job)

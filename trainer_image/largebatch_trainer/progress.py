@@ -20,8 +20,12 @@ class FileSink:
     def report(self, status: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
-        temporary.write_text(json.dumps(status))
-        os.replace(temporary, self.path)
+        try:
+            temporary.write_text(json.dumps(status))
+            os.replace(temporary, self.path)
+        except OSError:
+            temporary.unlink(missing_ok=True)  # a full disk leaves no partial report behind
+            raise
 
 
 class KubernetesSink:

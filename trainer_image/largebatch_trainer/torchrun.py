@@ -13,12 +13,17 @@ node is gone. Waiting five minutes for it only delays the end of the job; see do
 from __future__ import annotations
 
 import os
+import signal
 
 from torch.distributed import run
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher
 
+from largebatch_trainer.lifeline import die_with_parent
+
 EXIT_BARRIER_SECONDS = float(os.environ.get("LARGEBATCH_EXIT_BARRIER_SECONDS", "10"))
+# Set by `lbctl run --local` only: a user's own torchrun under nohup must outlive its shell.
+DIE_WITH_PARENT = "LARGEBATCH_AGENT_DIES_WITH_PARENT"
 
 
 class Agent(LocalElasticAgent):
@@ -30,6 +35,9 @@ class Agent(LocalElasticAgent):
 
 
 def main() -> None:
+    if os.environ.get(DIE_WITH_PARENT):
+        # The local runner hosts the rendezvous store: an agent that outlived it could only fail later.
+        die_with_parent(signal.SIGTERM)
     # torchrun builds its agent through this module's name; there is no other way to pass the timeout.
     launcher.LocalElasticAgent = Agent
     run.main()

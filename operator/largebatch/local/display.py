@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -37,7 +38,7 @@ class LiveDisplay:
         self.live.__exit__(*exc)
 
     def event(self, message: str) -> None:
-        self.console.log(message)
+        self.console.log(message, markup=False)  # paths and workers' words, printed as they are
 
     def update(self, run, progress, capacity: int) -> None:
         report = run.report
@@ -46,7 +47,7 @@ class LiveDisplay:
         grid = Table.grid(padding=(0, 2))
         world = plan.get("worldSize")
         grid.add_row(
-            f"[bold]{_fmt(plan.get('policyPhase'))}[/]",
+            f"[bold]{escape(_fmt(plan.get('policyPhase')))}[/]",
             f"batch [bold]{_fmt(plan.get('globalBatch'), ',')}[/] = {_fmt(world)} ranks"
             f" × {_fmt(plan.get('microBatch'))} × {_fmt(plan.get('accumulationSteps'))} accum",
             f"lr [bold]{_fmt(plan.get('lr'), '.3g')}[/]",
@@ -57,6 +58,6 @@ class LiveDisplay:
             f"nodes {len(run.nodes)}/{capacity}  rescales {len(run.state.rescales)}",
         )
         if self.reason:
-            grid.add_row("", f"[dim]{self.reason}[/]", "")
+            grid.add_row("", f"[dim]{escape(self.reason)}[/]", "")
         self.details = grid
         self.live.update(Group(self.bar, grid))

@@ -56,6 +56,7 @@ def start_node(settings: NodeSettings, index: int) -> Node:
         device=settings.device,
     )
     env["OMP_NUM_THREADS"] = str(settings.threads)
+    env["LARGEBATCH_AGENT_DIES_WITH_PARENT"] = "1"  # nothing trains on once the runner is gone
     with open(log, "ab") as handle:
         # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)

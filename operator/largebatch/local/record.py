@@ -1,16 +1,33 @@
-"""The record of a local run: run.json and run.png (loss, batch, LR and world size against samples)."""
+"""The record of a local run: run.json and run.png (loss, batch, LR and world size against samples),
+each replaced atomically, so that a failed write (a full disk) leaves the previous record whole."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
-def write(record: dict, run_dir: Path) -> tuple[Path, Path]:
+class RecordError(Exception):
+    """The record could not be written; the message names the file and the reason."""
+
+
+def write(record: dict, run_dir: Path, with_plot: bool = True) -> tuple[Path, Path]:
     json_path, png_path = run_dir / "run.json", run_dir / "run.png"
-    json_path.write_text(json.dumps(record, indent=2))
-    plot(record, png_path)
+    _replace(json_path, lambda path: path.write_text(json.dumps(record, indent=2)))
+    if with_plot:
+        _replace(png_path, lambda path: plot(record, path))
     return json_path, png_path
+
+
+def _replace(final: Path, write) -> None:
+    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, final)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise RecordError(f"cannot write {final}: {exc.strerror or exc}") from None
 
 
 def plot(record: dict, path: Path) -> None:
@@ -42,5 +59,5 @@ def plot(record: dict, path: Path) -> None:
     axes[-1].set_xlabel("samples")
     fig.suptitle(f"{record['job']}: {record['samplesConsumed']:,} of {record['totalSamples']:,} samples")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)

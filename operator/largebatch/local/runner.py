@@ -18,6 +18,7 @@ from pathlib import Path
 from largebatch import controller, report, schedule
 from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node, stop_nodes
+from largebatch.local.rundir import claim
 
 TICK_SECONDS = 0.5
 DEFAULT_RESTART_SECONDS = 10.0
@@ -53,6 +54,9 @@ class RunState:
     elastic_restarts: int = 0
     sessions: int = 0
     wall_seconds: float = 0.0
+    session_log: list[dict] = field(default_factory=list)
+    """One entry per `lbctl run` of this folder and how it ended: complete, stopped, failed, or lost (it
+    wrote no record at its end: killed, or the machine went down)."""
 
 
 class LocalRun:
@@ -60,10 +64,12 @@ class LocalRun:
         self.job, self.spec, self.options, self.display = job, job.spec, options, display
         self.job_path = job_path.resolve()
         self.run_dir = options.run_dir.resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = claim(self.run_dir)
         self.progress_file = self.run_dir / "progress.json"
         self.state = _load_state(self.run_dir / "run.json")
         self.state.sessions += 1
+        # Written as "running" at once: a session that never writes its ending is known to have been lost.
+        self.state.session_log.append({"session": self.state.sessions, "outcome": "running"})
         self.nodes: list[Node] = []
         self.next_index = 0
         self.stopping = False
@@ -73,6 +79,7 @@ class LocalRun:
         self.report: dict = {}  # rank 0's reports merged: values the last one lacks are kept from earlier ones
         self.status = report.read(None)[0]  # rank 0's last report, exactly
         self.failures = 0
+        self.stopped_by = signal.SIGINT
         self.generation = 0
         self.step_at_failure: int | None = None
 
@@ -92,7 +99,7 @@ class LocalRun:
             threads=max(1, (os.cpu_count() or 1) // max(1, self.options.slots * self.spec.workers.devices_per_worker)),
             metrics_port=self.options.metrics_port,
         )
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         started = self.started = time.monotonic()
         try:
             finished = self._loop()
@@ -103,10 +110,16 @@ class LocalRun:
                 signal.signal(signum, handler)
             self.state.wall_seconds += time.monotonic() - started
             del store
-        return 0 if finished else 130
+        return 0 if finished else 128 + self.stopped_by
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True
+        self.stopped_by = signum
+
+    def end(self, outcome: str) -> None:
+        """Record how this session ended: complete, stopped or failed. (The run directory stays ours until
+        the process exits, after the record is written.)"""
+        self.state.session_log[-1]["outcome"] = outcome
 
     def _loop(self) -> bool:
         total = self.spec.schedule.total_samples
@@ -156,14 +169,17 @@ class LocalRun:
             if done:
                 continue
             self.state.restarts += 1
-            self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}")
+            said = last_error(node)
+            self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}"
+                               + (f"\n{said}" if said else ""))  # fmt: skip
             step = self.status.step or 0
             self.failures = self.failures + 1 if step == self.step_at_failure else 1
             self.step_at_failure = step
             if self.failures >= MAX_FAILURES_WITHOUT_PROGRESS:
                 raise RunFailed(
                     f"nodes keep failing at step {step} without progress; the workers' last error:\n"
-                    f"{last_error(node) or '(none logged)'}\nfull log: {node.log}"
+                    f"{last_error(node) or '(nothing logged: was the log writable? a full disk does this)'}\n"
+                    f"full log: {node.log}"
                 )
 
     def _act(self, progress: schedule.Progress, capacity: int) -> None:
@@ -243,22 +259,27 @@ class LocalRun:
     # --- the record -------------------------------------------------------------------------------
 
     def record(self) -> dict:
-        """run.json: the runner's timeline plus the trainer's exact step history from the checkpoint."""
-        history = _history(self.run_dir / "checkpoints")
+        """run.json: the runner's timeline plus, from the checkpoint the run ends on, the trainer's exact
+        step history and where it stands (a last report may be older or newer than that checkpoint; the
+        checkpoint is what a resumed run starts from)."""
+        saved = _last_checkpoint(self.run_dir / "checkpoints")
+        history, progress = saved.get("history", []), saved.get("progress", {})
+        samples = progress.get("samples", 0)
         shown, _ = report.read(self.report)
         return {
             "job": self.job.metadata.name,
             "totalSamples": self.spec.schedule.total_samples,
-            "samplesConsumed": self.status.samples or 0,
-            "complete": bool(self.status.done),
-            "finalLoss": shown.loss,
+            "samplesConsumed": samples,
+            "complete": samples >= self.spec.schedule.total_samples,
+            "finalLoss": saved.get("loss"),
             "evalLoss": shown.eval_loss,
-            "serialSteps": self.status.step or 0,
+            "serialSteps": progress.get("step", 0),
             "wallSeconds": self.state.wall_seconds,
             "sessions": self.state.sessions,
             "restarts": self.state.restarts,
             "elasticRestarts": self.state.elastic_restarts,
             "rescales": self.state.rescales,
+            "sessionLog": self.state.session_log,
             "history": [
                 {"firstStep": s, "firstSample": f, "globalBatch": b, "worldSize": w, "steps": n}
                 for s, f, b, w, n in history
@@ -294,11 +315,16 @@ def _load_state(path: Path) -> RunState:
         elastic_restarts=previous.get("elasticRestarts", 0),
         sessions=previous.get("sessions", 0),
         wall_seconds=previous.get("wallSeconds", 0.0),
+        session_log=[
+            entry | {"outcome": "lost"} if entry.get("outcome") == "running" else entry
+            for entry in previous.get("sessionLog", [])
+        ],
     )
 
 
-def _history(directory: Path) -> list[list[int]]:
+def _last_checkpoint(directory: Path) -> dict:
+    """The newest intact checkpoint's payload ({} when there is none)."""
     from largebatch_trainer import checkpoint
 
-    path = checkpoint.latest(directory)
-    return checkpoint.load(path)["history"] if path else []
+    found = checkpoint.newest_intact(directory)
+    return found[1] if found else {}

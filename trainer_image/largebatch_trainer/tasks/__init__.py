@@ -45,9 +45,16 @@ def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
     except (ImportError, AttributeError) as exc:
         raise SystemExit(f"task.entrypoint {entrypoint!r} cannot be loaded: {exc}") from None
     torch.manual_seed(seed)
-    task = factory(**args)
+    try:
+        task = factory(**args)
+    except Exception as exc:  # the task's own words, whatever it raises: they are what the user needs
+        raise SystemExit(
+            f"task.entrypoint {entrypoint!r} refused task.args {args!r}: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(task, Task):
         raise SystemExit(f"task.entrypoint {entrypoint!r} returned {type(task).__name__}, not a Task")
+    if len(task.dataset) == 0:
+        raise SystemExit(f"task.entrypoint {entrypoint!r} built an empty dataset from task.args {args!r}")
     return task
 
 
