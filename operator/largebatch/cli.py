@@ -73,8 +73,14 @@ def plan(
         from largebatch.plot import plot_plan
 
         plot_plan(spec, plot, title=f"{manifest.metadata.name}: planned batch and LR", noise_scale=noise_scale)
+    assumed = (
+        plan_report.assumed_noise_scales(spec)
+        if spec.batch.policy.type == "criticalBatch" and noise_scale is None
+        else []
+    )
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        extra = {"assumedNoiseScales": [a.to_json() for a in assumed]} if assumed else {}
+        typer.echo(json.dumps(result.to_json() | extra, indent=2))
         return
     total = spec.schedule.total_samples
     console.print(
@@ -90,8 +96,10 @@ def plan(
         f"{result.baseline_serial_steps:,} at constant batch {spec.batch.initial:,} with the same decay: "
         f"[bold]{result.saving:.1%}[/] fewer."
     )
-    if spec.batch.policy.type == "criticalBatch" and noise_scale is None:
-        console.print("criticalBatch follows the measured noise scale; pass --noise-scale to assume one.")
+    if assumed:
+        console.print(_assumptions_table(assumed))
+        console.print("criticalBatch follows the gradient noise scale the trainer measures, so the plan above "
+                      "(no growth) is only the start; pass --noise-scale to see the phases for one value.")  # fmt: skip
     if plot is not None:
         console.print(f"Plot written to {plot}")
 
@@ -218,6 +226,15 @@ def _summary(result: dict, json_path: Path, png_path: Path) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+
+
+def _assumptions_table(assumed: list[plan_report.Assumption]) -> Table:
+    table = Table(title="If the measured noise scale were", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("Noise scale", "Largest batch", "Steps", "Saving"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for a in assumed:
+        table.add_row(f"{a.noise_scale:,.1f}", f"{a.largest_batch:,}", f"{a.serial_steps:,}", f"{a.saving:.1%}")
+    return table
 
 
 def _plan_table(spec, result: plan_report.PlanReport, title: str) -> Table:

@@ -68,3 +68,32 @@ def report(spec: LargeBatchJobSpec, capacity: int | None = None, noise_scale: fl
         serial_steps=sum(row.phase.steps for row in rows),
         baseline_serial_steps=sum(p.steps for p in baseline),
     )
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """The plan of a criticalBatch job if its measured noise scale were `noise_scale` throughout."""
+
+    noise_scale: float
+    largest_batch: int
+    serial_steps: int
+    saving: float
+
+    def to_json(self) -> dict:
+        return {"noiseScale": self.noise_scale, "largestBatch": self.largest_batch,
+                "serialSteps": self.serial_steps, "saving": self.saving}  # fmt: skip
+
+
+def assumed_noise_scales(spec: LargeBatchJobSpec, points: int = 4) -> list[Assumption]:
+    """A criticalBatch job's plan depends on the noise scale it will measure: the plan for a few values,
+    spread geometrically so that the batch they call for (multiplier x noise scale) runs from
+    batch.initial to batch.max."""
+    b0, b_max = spec.batch.initial, spec.batch.max
+    multiplier = spec.batch.policy.critical_batch.multiplier
+    out = []
+    for k in range(points):
+        noise_scale = b0 * (b_max / b0) ** (k / (points - 1)) / multiplier
+        plan = report(spec, noise_scale=noise_scale)
+        out.append(Assumption(round(noise_scale, 1), max(r.phase.global_batch for r in plan.rows),
+                              plan.serial_steps, plan.saving))  # fmt: skip
+    return out
