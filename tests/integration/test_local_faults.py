@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from largebatch.local.nodes import descendants
+from largebatch.local.nodes import descendants, parent_of
 from largebatch_trainer import checkpoint
 from tests.helpers import contiguous, wait_for
 from tests.integration.trainer_helpers import (
@@ -41,10 +41,6 @@ def long_job(tmp_path: Path, name: str, total: int = BATCH * 20_000, **overrides
         "checkpoint": {"everySteps": 50, "keep": 2},
     }
     return write_job(tmp_path, name, **(spec | overrides))
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def stepping(run_dir: Path, beyond: int = 0) -> int:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from largebatch import files
+
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
 
 
@@ -59,19 +61,17 @@ class _Hashing(io.RawIOBase):
 
 
 def _write_atomically(final: Path, write) -> dict[str, Any]:
-    """`write(file)` into a temporary file, fsync, rename to `final`; its size and SHA-256."""
-    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
+    """`write(file)` into `final`, replaced whole (fsynced before the rename); its size and SHA-256."""
+
+    def hashed(temporary: Path) -> dict[str, Any]:
         with open(temporary, "wb") as handle:
             hashing = _Hashing(handle)
             write(hashing)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, final)
-    except BaseException:
-        temporary.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
-        raise
-    return {"size": hashing.size, "sha256": hashing.sha.hexdigest()}
+        return {"size": hashing.size, "sha256": hashing.sha.hexdigest()}
+
+    return files.replace(final, hashed)
 
 
 def all_checkpoints(directory: Path) -> list[Path]:

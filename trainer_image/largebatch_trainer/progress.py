@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from largebatch import files
+
 
 class Sink(Protocol):
     def report(self, status: dict) -> None: ...
@@ -19,13 +21,7 @@ class FileSink:
 
     def report(self, status: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            temporary.write_text(json.dumps(status))
-            os.replace(temporary, self.path)
-        except OSError:
-            temporary.unlink(missing_ok=True)  # a full disk leaves no partial report behind
-            raise
+        files.replace(self.path, lambda temporary: temporary.write_text(json.dumps(status)))
 
 
 class KubernetesSink:

@@ -9,6 +9,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from largebatch.controller import Kind
+
 PHASES = ("Pending", "Running", "Scaling", "Suspended", "Succeeded", "Failed")
 WORKER_STATES = ("desired", "ready", "pending")
 JOB = ["namespace", "job_name"]
@@ -92,20 +94,25 @@ class OperatorMetrics:
     def forget(self, namespace: str, name: str) -> None:
         """A job deleted: its series go."""
         self._jobs.pop((namespace, name), None)
-        for family in (self.job_phase, self.workers, self.worker_restarts, self.job_capacity_limited, self.decisions):
-            for labels in _series_of(family, namespace, name):
-                family.remove(*labels)
+        per_job = [
+            (self.job_phase, PHASES),
+            (self.workers, WORKER_STATES),
+            (self.decisions, [kind.value for kind in Kind]),
+            (self.worker_restarts, [None]),
+            (self.job_capacity_limited, [None]),
+        ]
+        for family, last_labels in per_job:
+            for last in last_labels:
+                try:
+                    family.remove(namespace, name, *([] if last is None else [last]))
+                except KeyError:  # a series the job never had
+                    pass
         self._totals()
 
     def _totals(self) -> None:
         for phase in PHASES:
             self.jobs.labels(phase).set(sum(1 for p, _ in self._jobs.values() if p == phase))
         self.capacity_limited.set(sum(1 for _, limited in self._jobs.values() if limited))
-
-
-def _series_of(family: Gauge | Counter, namespace: str, name: str) -> list[tuple[str, ...]]:
-    """The label values of the job's series in `family` (namespace and job_name come first)."""
-    return [labels for labels in list(family._metrics) if labels[:2] == (namespace, name)]
 
 
 def serve(metrics: OperatorMetrics, port: int) -> None:

@@ -108,12 +108,17 @@ def kill(pids: list[int]) -> None:
             pass
 
 
+def parent_of(pid: int) -> int:
+    """The parent's pid, from /proc (the command name before it may hold anything, even ')')."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parent = parent_of(int(entry.name))
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))

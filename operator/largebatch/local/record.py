@@ -4,8 +4,9 @@ each replaced atomically, so that a failed write (a full disk) leaves the previo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from largebatch import files
 
 
 class RecordError(Exception):
@@ -21,12 +22,9 @@ def write(record: dict, run_dir: Path, with_plot: bool = True) -> tuple[Path, Pa
 
 
 def _replace(final: Path, write) -> None:
-    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
-        write(temporary)
-        os.replace(temporary, final)
+        files.replace(final, write)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise RecordError(f"cannot write {final}: {exc.strerror or exc}") from None
 
 
