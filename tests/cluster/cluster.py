@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 FAKE = "kwok.x-k8s.io/node"
@@ -35,6 +35,20 @@ def tools(script: str = "build_tools.sh") -> Path:
     prometheus, promtool and the Prometheus Operator's CRDs) and return their folder."""
     out = subprocess.run([str(HERE / script)], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A failed kubectl or helm, with what it printed: pytest's summary shows only str(error)."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or self.stdout or '').strip()}"
+
+
+def _run(command: list[str], check: bool, **kw) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, **kw)
+    if check and result.returncode:
+        raise CommandFailed(result.returncode, command, result.stdout, result.stderr)
+    return result
 
 
 # --- certificates ---------------------------------------------------------------------------------
@@ -221,8 +235,21 @@ class Cluster:
         )
 
     def kubectl(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-        command = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
-        return subprocess.run(command, check=check, capture_output=True, text=True, **kw)
+        return _run([str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], check, **kw)
+
+    def wait_condition(self, resource: str, condition: str, timeout: float = 120) -> None:
+        """Wait until `resource` (kind/name) has `condition` True. Polled rather than `kubectl wait`, whose
+        watch failed at once on a busy machine (CI, stop 17) where a later read saw the condition hold."""
+        status = f'jsonpath={{.status.conditions[?(@.type=="{condition}")].status}}'
+        wait_for(
+            lambda: self.kubectl("get", resource, "-o", status, check=False).stdout == "True",
+            timeout,
+            what=f"{resource} {condition}",
+        )
+
+    def wait_established(self, *crds: str) -> None:
+        for name in crds:
+            self.wait_condition(f"crd/{name}", "Established")
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -255,7 +282,7 @@ class Cluster:
             "status": {"allocatable": allocatable, "capacity": allocatable},
         }
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
-        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=30s")
+        self.wait_condition(f"node/{name}", "Ready")
         # The node-lifecycle controller taints a new node not-ready until it has seen it Ready.
         deadline = time.monotonic() + 30
         taints = ("get", f"node/{name}", "-o", "jsonpath={.spec.taints}")
@@ -288,8 +315,7 @@ class Cluster:
         return path
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        command = [str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args]
-        return subprocess.run(command, check=check, capture_output=True, text=True)
+        return _run([str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args], check)
 
     def stop(self) -> None:
         """Stop in reverse start order (the API server shuts down quickly only while etcd is up)."""

@@ -45,8 +45,7 @@ def crd(cluster):
     Deployment stays Pending (no fake node takes it); the tests run the operator as a local process
     with the chart's ServiceAccount token (`operator_kubeconfig`)."""
     cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace")
-    for name in ("largebatchjobs.largebatch.io", "kopfpeerings.kopf.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    cluster.wait_established("largebatchjobs.largebatch.io", "kopfpeerings.kopf.dev")
     return cluster
 
 
@@ -62,6 +61,7 @@ def prometheus_operator_crds(cluster):
     module (tests/cluster/build_monitoring.sh): what a cluster with kube-prometheus-stack has."""
     folder = monitoring_tools() / "crds"
     cluster.kubectl("apply", "--server-side", "-f", str(folder))
-    for name in ("servicemonitors", "podmonitors", "prometheusrules"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}.monitoring.coreos.com", "--timeout=30s")
+    cluster.wait_established(
+        *(f"{name}.monitoring.coreos.com" for name in ("servicemonitors", "podmonitors", "prometheusrules"))
+    )
     return cluster

@@ -118,6 +118,6 @@ def test_a_clear_answer_when_the_crd_is_not_installed(crd, namespace):
         assert "helm install the largebatch chart" in result.stderr
     finally:
         crd.kubectl("apply", "-f", str(CHART / "crds" / f"{name}.yaml"))
-        crd.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+        crd.wait_established(name)
         wait_for(lambda: lbctl("status", "-n", namespace, kubeconfig=crd.kubeconfig).returncode == 0,
                  what="the CRD served again")  # fmt: skip
