@@ -1,11 +1,22 @@
-"""Time to target: `pylm` with the same data budget under (a) constant batch with cosine decay,
-(b) Seesaw and (c) the critical-batch policy, each run by the local runner, side by side in one run.
+"""Time to target: the batch policies on `pylm` with the same data budget, three seeds each, judged by
+held-out loss, side by side in one run.
 
-    .venv/bin/python benchmarks/time_to_target.py [--samples 100000] [--slots 2]
+    .venv/bin/python benchmarks/time_to_target.py [--quick] [--seeds 3] [--samples 40000]
+        [--policies constant seesaw ...] [--scaling linear] [--multiplier M] [--out benchmarks] [--keep DIR]
 
-For each: the final held-out loss, the serial optimizer steps and wall-clock seconds, and the steps and
-seconds it took to reach the constant-batch run's final training loss (training loss smoothed over the
-last 10 observations; the runner observes every 0.5 s).
+Every run is `lbctl run --local` on one node with the batch growing at most 16x (16 -> 256), the
+initial batch in one micro-batch, AdamW with the linear LR rule (`--scaling`), and cosine decay to 1% (so
+Seesaw takes its full set of cuts). The trainer evaluates the held-out loss on the same held-out
+samples every 5% of the data budget and at the end (`spec.evaluation`, recorded in run.json). The seed
+moves the initialisation and the data order.
+
+For each policy: mean ± standard deviation over the seeds of the final held-out loss (and of its
+difference from the constant run of the same seed: the seed moves every policy alike), of the serial
+optimizer steps, and of the steps at which the held-out loss first reaches the constant-batch run's
+final mean held-out loss (interpolated between evaluations; also where the mean curve reaches it);
+`lbctl plan`'s predicted serial-step saving beside the measured one; and a plot
+(`time_to_target.png`): held-out loss against serial steps, one band (mean ± sd) per policy.
+`--again DIR` redraws the table and plot from runs kept with `--keep DIR`.
 """
 
 from __future__ import annotations
@@ -13,13 +24,17 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
+
+from largebatch import schedule
+from largebatch.api import LargeBatchJob
 
 BASE = {
     "apiVersion": "largebatch.io/v1alpha1",
@@ -31,65 +46,204 @@ BASE = {
             "entrypoint": "largebatch_trainer.tasks:pylm",
             "args": {"width": 64, "depth": 2, "heads": 2, "context": 64},
         },
-        "workers": {"min": 1, "max": 2, "accelerator": "none"},
-        "batch": {"initial": 16, "max": 64, "microBatchPerDevice": 8},
-        "optimizer": {"name": "adamw", "lr": 0.003, "baseBatch": 16, "scaling": "sqrt", "weightDecay": 0.1},
-        "schedule": {"decay": "cosine", "minLrRatio": 0.05},
-        "checkpoint": {"everySteps": 200},
+        "workers": {"min": 1, "max": 1, "accelerator": "none"},
+        "batch": {"initial": 16, "max": 256, "microBatchPerDevice": 16},
+        "optimizer": {"name": "adamw", "lr": 0.003, "baseBatch": 16, "weightDecay": 0.1},
+        "schedule": {"decay": "cosine", "minLrRatio": 0.01},
+        "evaluation": {"samples": 2048},
+        "checkpoint": {"everySteps": 1000},
     },
 }
 POLICIES = {
     "constant": {"type": "constant"},
+    "linearRamp": {"type": "linearRamp", "linearRamp": {"increment": 16, "rampSamples": None}},
     "seesaw": {"type": "seesaw", "seesaw": {"factor": 2}},
-    "criticalBatch": {"type": "criticalBatch", "criticalBatch": {"multiplier": 1.0, "minStepsBetweenChanges": 100}},
+    "seesaw-uncapped": {"type": "seesaw", "seesaw": {"factor": 2, "capAtCriticalBatch": False}},
+    "criticalBatch": {"type": "criticalBatch"},
+    # Before the defaults were revisited: a change at most every 100 steps, then also smoothed harder.
+    "critical-min100": {"type": "criticalBatch", "criticalBatch": {"minStepsBetweenChanges": 100}},
+    "critical-min100-smooth99": {
+        "type": "criticalBatch",
+        "criticalBatch": {"minStepsBetweenChanges": 100, "smoothing": 0.99},
+    },
+    "critical-preconditioned": {"type": "criticalBatch", "criticalBatch": {"estimator": "preconditioned"}},
 }
 
 
-def run(name: str, policy: dict, samples: int, slots: int, workdir: Path) -> dict:
+def job_for(name: str, seed: int, samples: int, scaling: str, multiplier: float | None) -> dict:
     job = copy.deepcopy(BASE)
-    job["metadata"]["name"] = f"ttt-{name.lower()}"
-    job["spec"]["batch"]["policy"] = policy
-    job["spec"]["schedule"] |= {"totalSamples": samples, "warmupSamples": samples // 100}
+    job["metadata"]["name"] = f"ttt-{name.lower()}-{seed}"
+    policy = copy.deepcopy(POLICIES[name])
+    if policy["type"] == "linearRamp":
+        policy["linearRamp"]["rampSamples"] = samples // 2  # 16 -> 256 over the first half
+    if multiplier is not None:  # the critical batch of criticalBatch and of Seesaw's cap
+        policy.setdefault("criticalBatch", {})["multiplier"] = multiplier
+    spec = job["spec"]
+    # A Megatron/GPT-3 batch ramp leaves the LR schedule alone; a 16x ramp under the linear rule would
+    # multiply the peak LR by 16.
+    spec["optimizer"]["scaling"] = "none" if policy["type"] == "linearRamp" else scaling
+    spec["batch"]["policy"] = policy
+    spec["task"]["seed"] = seed
+    spec["schedule"] |= {"totalSamples": samples, "warmupSamples": samples // 100}
+    spec["evaluation"]["everySamples"] = samples // 20
+    return job
+
+
+def run(job: dict, workdir: Path) -> dict:
+    name = job["metadata"]["name"]
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     run_dir = workdir / name
     command = [sys.executable, "-m", "largebatch", "run", str(path), "--local", "--run-dir", str(run_dir)]
-    command += ["--metrics-port", "0", "--slots", str(slots)]
-    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ))
+    command += ["--metrics-port", "0", "--slots", "1"]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"{name} failed with exit code {result.returncode}:\n{result.stderr[-3000:]}")
+    print(f"  {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return json.loads((run_dir / "run.json").read_text())
 
 
-def smoothed(timeline: list[dict], window: int = 10) -> list[tuple[int, float, float]]:
-    """(step, seconds, moving-average training loss) along the run."""
-    points = [t for t in timeline if t.get("loss") is not None]
-    out = []
-    for i, t in enumerate(points):
-        recent = [p["loss"] for p in points[max(0, i - window + 1) : i + 1]]
-        out.append((t["step"], t["seconds"], sum(recent) / len(recent)))
-    return out
+def steps_to(record: dict, target: float) -> float | None:
+    """Serial steps at which the held-out loss first reaches `target`, linear between evaluations."""
+    points = [(0, None)] + [(e["step"], e["evalLoss"]) for e in record["evaluations"]]
+    for (s0, l0), (s1, l1) in zip(points, points[1:], strict=False):
+        if l1 <= target:
+            if l0 is None or l0 == l1:
+                return float(s1)
+            return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)
+    return None
+
+
+def mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
+    """(mean steps, mean held-out loss) at each evaluation, over the seeds."""
+    count = min(len(r["evaluations"]) for r in runs)
+    return [
+        (statistics.mean(r["evaluations"][i]["step"] for r in runs),
+         statistics.mean(r["evaluations"][i]["evalLoss"] for r in runs))
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def predicted_saving(job: dict, record: dict) -> float:
+    """`lbctl plan`'s serial-step saving against constant batch, with the noise scale the run measured
+    (its median over the run) where the policy reads it."""
+    spec = LargeBatchJob.model_validate(job).spec
+    measured = [t["noiseScale"] for t in record["timeline"] if t.get("noiseScale")]
+    noise = statistics.median(measured) if measured else None
+    steps = sum(p.steps for p in schedule.phases(spec, noise))
+    base = sum(p.steps for p in schedule.phases(schedule.constant_baseline(spec)))
+    return 1 - steps / base
+
+
+def mean_sd(values: list[float], digits: int = 0) -> str:
+    if not values:
+        return "–"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):,.{digits}f} ± {sd:,.{digits}f}"
+
+
+def table(records: dict[str, list[dict]], jobs: dict[str, list[dict]]) -> tuple[list[str], float]:
+    target = statistics.mean(r["evalLoss"] for r in records["constant"])
+    base_steps = statistics.mean(r["serialSteps"] for r in records["constant"])
+    lines = [
+        "| policy | final held-out loss | − constant's, same seed | serial steps | saving measured "
+        "| saving planned | steps to target (runs reaching it) | mean curve reaches target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in records.items():
+        reached = [s for s in (steps_to(r, target) for r in runs) if s is not None]
+        curve = steps_to({"evaluations": [{"step": s, "evalLoss": v} for s, v in mean_curve(runs)]}, target)
+        steps = [r["serialSteps"] for r in runs]
+        # The seed moves every policy's loss alike (initialisation, data order): compare seed by seed.
+        paired = [r["evalLoss"] - c["evalLoss"] for r, c in zip(runs, records["constant"], strict=True)]
+        planned = statistics.mean(predicted_saving(j, r) for j, r in zip(jobs[name], runs, strict=True))
+        lines.append(
+            f"| {name} | {mean_sd([r['evalLoss'] for r in runs], 4)} | {mean_sd(paired, 4)} | {mean_sd(steps)} "
+            f"| {1 - statistics.mean(steps) / base_steps:+.1%} | {planned:+.1%} "
+            f"| {mean_sd(reached)} ({len(reached)}/{len(runs)}) | {'–' if curve is None else f'{curve:,.0f}'} |"
+        )
+    return lines, target
+
+
+def plot(records: dict[str, list[dict]], target: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, runs in records.items():
+        steps, mean = zip(*mean_curve(runs), strict=True)
+        losses = [[r["evaluations"][i]["evalLoss"] for r in runs] for i in range(len(steps))]
+        sd = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in losses]
+        (line,) = ax.plot(steps, mean, label=name, linewidth=1.5)
+        low = [m - s for m, s in zip(mean, sd, strict=True)]
+        high = [m + s for m, s in zip(mean, sd, strict=True)]
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    ax.axhline(target, color="black", linestyle=":", linewidth=1, label="target: constant's final mean")
+    ax.set_xlabel("serial optimizer steps")
+    ax.set_ylabel("held-out loss (mean ± sd over seeds)")
+    ax.set_title(title.replace("; ", "\n"), fontsize=9)
+    ax.set_ylim(target - 0.1, target + 0.6)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _summary(record: dict) -> dict:
+    keys = ("job", "evalLoss", "finalLoss", "serialSteps", "wallSeconds", "evaluations", "history")
+    return {key: record[key] for key in keys}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=100_000)
-    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="12,000 samples and two seeds (about 4 minutes)")
+    parser.add_argument("--samples", type=int, default=40_000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
+    parser.add_argument(
+        "--scaling", choices=["linear", "sqrt", "none"], default="linear", help="the LR rule of every job"
+    )
+    parser.add_argument("--multiplier", type=float, help="criticalBatch.multiplier of every job (default: the API's)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--keep", type=Path, help="keep the run directories here")
+    parser.add_argument("--again", type=Path, help="no runs: the table and plot from the runs kept in this folder")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        records = {name: run(name, policy, args.samples, args.slots, Path(tmp)) for name, policy in POLICIES.items()}
-    target = smoothed(records["constant"]["timeline"])[-1][2]
-    print(f"pylm {BASE['spec']['task']['args']}, {args.samples:,} samples, batch 16 → max 64, micro-batch 8,")
-    print(f"{args.slots} local nodes at most; target = constant batch's final smoothed training loss {target:.4f}\n")
-    columns = [("policy", -14), ("held-out loss", 14), ("serial steps", 14), ("wall s", 9)]
-    columns += [("steps to target", 17), ("s to target", 13)]
-    print("".join(f"{name:<{-width}}" if width < 0 else f"{name:>{width}}" for name, width in columns))
-    base_steps = records["constant"]["serialSteps"]
-    for name, record in records.items():
-        reached = next(((step, sec) for step, sec, loss in smoothed(record["timeline"]) if loss <= target), None)
-        to_target = f"{reached[0]:,} ({reached[0] / base_steps:.0%})" if reached else "not reached"
-        print(
-            f"{name:<14}{record['evalLoss']:>14.4f}{record['serialSteps']:>14,}{record['wallSeconds']:>9.0f}"
-            f"{to_target:>17}{(f'{reached[1]:.0f}' if reached else '–'):>13}"
+    samples, seeds = (12_000, 2) if args.quick else (args.samples, args.seeds)
+    names = ["constant"] + [n for n in args.policies if n != "constant"]
+    jobs = {
+        name: [job_for(name, seed, samples, args.scaling, args.multiplier) for seed in range(seeds)] for name in names
+    }
+    records: dict[str, list[dict]] = {name: [] for name in names}
+    if args.again:
+        for name in names:
+            records[name] = [
+                json.loads((args.again / j["metadata"]["name"] / "run.json").read_text()) for j in jobs[name]
+            ]
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = args.keep or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            # Seeds outermost: a policy's runs spread over the whole benchmark, not one stretch of load.
+            for seed in range(seeds):
+                for name in names:
+                    records[name].append(run(jobs[name][seed], workdir))
+    lines, target = table(records, jobs)
+    args_text = BASE["spec"]["task"]["args"]
+    multiplier = "" if args.multiplier is None else f", multiplier {args.multiplier}"
+    title = (
+        f"pylm {args_text}, {samples:,} samples, batch 16 -> 256, {args.scaling} LR rule{multiplier}, "
+        f"{seeds} seeds; target {target:.4f} (constant's final mean held-out loss)"
+    )
+    print(title + "\n")
+    print("\n".join(lines))
+    (args.out / ("time_to_target" + ("-quick" if args.quick else "") + ".json")).write_text(
+        json.dumps(
+            {"title": title, "table": lines, "records": {n: [_summary(r) for r in rs] for n, rs in records.items()}}
         )
+    )
+    plot(records, target, args.out / ("time_to_target" + ("-quick" if args.quick else "") + ".png"), title)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,13 @@ class WorkersSpec(_Model):
 
 # --- batch ----------------------------------------------------------------------------------------
 
+# Defaults chosen with benchmarks/time_to_target.py (benchmarks/README.md).
+CRITICAL_MULTIPLIER_DEFAULT = 1.0
+CRITICAL_SMOOTHING_DEFAULT = 0.95
+CRITICAL_MIN_STEPS_DEFAULT = 300
+CAP_AT_CRITICAL_BATCH_DEFAULT = True
+PRECONDITIONED_OPTIMIZERS = ("adamw", "lamb")
+
 
 class SeesawSpec(_Model):
     """Seesaw (arXiv 2510.14717): where the decay would cut the LR by `factor`, cut it by sqrt(factor)
@@ -198,6 +205,12 @@ class SeesawSpec(_Model):
     batch_factor: float | None = Field(default=None, gt=1.0, le=16.0)
     """Batch growth per cut (beta); defaults to `factor`. Must not exceed `factor` (stability needs
     LR factor sqrt(alpha) >= sqrt(beta))."""
+    cap_at_critical_batch: bool = CAP_AT_CRITICAL_BATCH_DEFAULT
+    """Grow the batch at a cut only while it stays at or below the critical batch (`criticalBatch.multiplier`
+    x the measured gradient noise scale, with `criticalBatch.estimator`); a cut that would pass it cuts
+    the LR by the full `factor`, as the base schedule would. Seesaw's equivalence with the decay holds
+    only below the critical batch. Until the noise scale is measured (and at batch 1, where it cannot
+    be), cuts grow the batch."""
 
     rules = (
         Rule(
@@ -226,17 +239,28 @@ class LinearRampSpec(_Model):
 
 
 class CriticalBatchSpec(_Model):
-    """Follow the critical batch size: the batch moves to `multiplier` x the measured gradient noise
-    scale (McCandlish et al. 2018), on a grid of powers of `growthFactor`, never down."""
+    """Follow the critical batch size: the batch grows by `growthFactor` whenever `multiplier` x the
+    measured gradient noise scale (McCandlish et al. 2018) allows it, never down. Also the critical
+    batch that `seesaw.capAtCriticalBatch` holds Seesaw to."""
 
-    multiplier: float = Field(default=1.0, gt=0.0, le=100.0)
-    """Target batch as a multiple of the smoothed gradient noise scale B_simple."""
+    multiplier: float = Field(default=CRITICAL_MULTIPLIER_DEFAULT, gt=0.0, le=100.0)
+    """Target batch as a multiple of the smoothed gradient noise scale."""
     growth_factor: float = Field(default=2.0, gt=1.0, le=16.0)
-    """The batch is `batch.initial` times a power of this factor."""
-    smoothing: float = Field(default=0.95, ge=0.0, lt=1.0)
+    """The batch is `batch.initial` times a power of this factor and grows one power at a time."""
+    smoothing: float = Field(default=CRITICAL_SMOOTHING_DEFAULT, ge=0.0, lt=1.0)
     """EMA coefficient for the noise-scale estimates (higher is smoother)."""
-    min_steps_between_changes: int = Field(default=100, ge=1)
+    min_steps_between_changes: int = Field(default=CRITICAL_MIN_STEPS_DEFAULT, ge=1)
     """Optimizer steps that must pass between two batch changes."""
+    estimator: Literal["simple", "preconditioned"] = "simple"
+    """`simple`: B_simple = tr(Σ)/|G|² on the raw gradients. `preconditioned` (`adamw`, `lamb`): the same
+    on gradients scaled by the optimizer's preconditioner 1/(sqrt(v̂) + eps), the noise an Adam-family
+    step sees (Pollux). `simple` is the default for every optimizer: on a language model the
+    preconditioned estimate is ruled by rarely updated coordinates (embedding rows of rare tokens, v̂
+    near 0) and sent the batch to its maximum within a few hundred steps (benchmarks/README.md)."""
+    measure_every_steps: int = Field(default=1, ge=1, le=10_000)
+    """When a job runs on one worker whose whole batch is one micro-batch (no two small batches to
+    compare), every this many steps that micro-batch runs as two halves to measure the noise scale, for
+    the policies that read it. With several micro-batches or ranks every step measures at no cost."""
 
 
 class PolicySpec(_Model):
@@ -377,6 +401,16 @@ class ScheduleSpec(_Model):
     )
 
 
+class EvaluationSpec(_Model):
+    """Held-out evaluation, when the task has held-out samples: always when training ends, and every
+    `everySamples` samples of the data budget when set."""
+
+    every_samples: int | None = Field(default=None, ge=1)
+    """Samples of training between two evaluations (for example totalSamples / 20 for every 5%)."""
+    samples: int = Field(default=2048, ge=1, le=10_000_000)
+    """Held-out samples each evaluation takes (the first ones of the task's held-out set)."""
+
+
 class CheckpointSpec(_Model):
     """Where and how often the trainer checkpoints; every restart resumes from the newest one."""
 
@@ -412,6 +446,8 @@ class LargeBatchJobSpec(_Model):
     """Optimizer and LR scaling rule."""
     schedule: ScheduleSpec
     """Data budget and LR schedule."""
+    evaluation: EvaluationSpec = _sub(EvaluationSpec)
+    """Held-out evaluation."""
     checkpoint: CheckpointSpec = _sub(CheckpointSpec)
     """Checkpointing."""
     metrics: MetricsSpec = _sub(MetricsSpec)
@@ -432,6 +468,26 @@ class LargeBatchJobSpec(_Model):
             ".schedule.decay",
         ),
         Rule(
+            "self.batch.policy.type != 'criticalBatch' || self.batch.initial >= 2",
+            "batch.policy.type criticalBatch needs batch.initial >= 2: the gradient noise scale it follows is "
+            "measured from two small batches a step, and one sample cannot be split",
+            lambda s: s.batch.policy.type != "criticalBatch" or s.batch.initial >= 2,
+            lambda s: f"policy={s.batch.policy.type}, initial={s.batch.initial}",
+            ".batch.initial",
+        ),
+        Rule(
+            "self.batch.policy.criticalBatch.estimator != 'preconditioned' || "
+            f"self.optimizer.name in {list(PRECONDITIONED_OPTIMIZERS)}",
+            "batch.policy.criticalBatch.estimator preconditioned needs an optimizer with a second-moment "
+            f"preconditioner ({', '.join(PRECONDITIONED_OPTIMIZERS)}): set estimator to simple",
+            lambda s: (
+                s.batch.policy.critical_batch.estimator != "preconditioned"
+                or s.optimizer.name in PRECONDITIONED_OPTIMIZERS
+            ),
+            lambda s: f"optimizer={s.optimizer.name}",
+            ".batch.policy.criticalBatch.estimator",
+        ),
+        Rule(
             "!has(self.metrics) || !has(self.workers) || self.metrics.port + self.workers.devicesPerWorker <= 65536",
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535 (local rank r serves metrics on "
             "metrics.port + r): lower metrics.port",
@@ -444,6 +500,12 @@ class LargeBatchJobSpec(_Model):
     @property
     def base_batch(self) -> int:
         return self.optimizer.base_batch or self.batch.initial
+
+    @property
+    def measures_noise_scale(self) -> bool:
+        """The batch policy reads the gradient noise scale (the trainer then makes sure it is measured)."""
+        policy = self.batch.policy
+        return policy.type == "criticalBatch" or (policy.type == "seesaw" and policy.seesaw.cap_at_critical_batch)
 
 
 # --- status ---------------------------------------------------------------------------------------
@@ -493,7 +555,9 @@ class ProgressStatus(_Model):
     loss: float | None = None
     """Training loss of the last step (mean per sample)."""
     eval_loss: float | None = None
-    """Held-out loss (mean per sample), reported when training ends."""
+    """Held-out loss (mean per sample) of the latest evaluation (`spec.evaluation`)."""
+    eval_step: int | None = Field(default=None, ge=0)
+    """Step after which `evalLoss` was measured."""
     noise_scale: float | None = None
     """Smoothed gradient noise scale B_simple."""
     samples_per_second: float | None = None

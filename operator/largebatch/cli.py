@@ -58,7 +58,11 @@ def plan(
     ] = None,
     noise_scale: Annotated[
         float | None,
-        typer.Option(min=0.0, callback=_finite, help="criticalBatch: the gradient noise scale to assume throughout."),
+        typer.Option(
+            min=0.0,
+            callback=_finite,
+            help="criticalBatch, seesaw.capAtCriticalBatch: the gradient noise scale to assume throughout.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw batch and LR against samples to this PNG.")] = None,
@@ -73,11 +77,7 @@ def plan(
         from largebatch.plot import plot_plan
 
         plot_plan(spec, plot, title=f"{manifest.metadata.name}: planned batch and LR", noise_scale=noise_scale)
-    assumed = (
-        plan_report.assumed_noise_scales(spec)
-        if spec.batch.policy.type == "criticalBatch" and noise_scale is None
-        else []
-    )
+    assumed = plan_report.assumed_noise_scales(spec) if spec.measures_noise_scale and noise_scale is None else []
     if as_json:
         extra = {"assumedNoiseScales": [a.to_json() for a in assumed]} if assumed else {}
         typer.echo(json.dumps(result.to_json() | extra, indent=2))
@@ -98,8 +98,9 @@ def plan(
     )
     if assumed:
         console.print(_assumptions_table(assumed))
-        console.print("criticalBatch follows the gradient noise scale the trainer measures, so the plan above "
-                      "(no growth) is only the start; pass --noise-scale to see the phases for one value.")  # fmt: skip
+        console.print("The batch follows the gradient noise scale the trainer measures, so the plan above "
+                      "(none measured yet) is only the start; pass --noise-scale to see the phases for one "
+                      "value.")  # fmt: skip
     if plot is not None:
         console.print(f"Plot written to {plot}")
 

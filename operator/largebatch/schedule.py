@@ -1,7 +1,7 @@
 """The schedule core: the global batch and learning rate of every optimizer step. Pure: no I/O, no torch.
 
-- `plan(spec, progress)`: batch and LR of the next step, from the samples consumed so far (and, for the
-  `criticalBatch` policy, the smoothed gradient noise scale and the policy's own state in `progress`).
+- `plan(spec, progress)`: batch and LR of the next step, from the samples consumed so far (and, where the
+  policy reads them, the smoothed gradient noise scale and the previous batch in `progress`).
 - `advance(progress, plan)`: the progress after that step.
 - `split(global_batch, world_size, max_micro_batch)`: per-rank micro-batches and accumulation steps.
 - `desired_workers(spec, global_batch, capacity)`: the worker count that brings accumulation to 1.
@@ -58,8 +58,10 @@ def plan(spec: LargeBatchJobSpec, progress: Progress) -> Plan:
     policy = spec.batch.policy
     if policy.type == "seesaw":
         cuts = seesaw_cuts(spec)
-        k = sum(1 for c in cuts if c <= progress.samples)
-        batch, lr_multiplier = _seesaw_levels(spec, len(cuts))[k]
+        k = bisect.bisect_right(cuts, progress.samples)
+        batch = _seesaw_batch(spec, progress, cuts, k)
+        # Each cut multiplies the LR by sqrt(growth)/factor, so after k cuts the product telescopes.
+        lr_multiplier = math.sqrt(batch / spec.batch.initial) / policy.seesaw.factor**k
         lr = spec.optimizer.lr * _lr_rule(spec, spec.batch.initial) * lr_multiplier
         phase = f"cut {k}/{len(cuts)}"
     else:
@@ -118,6 +120,8 @@ def decay_multiplier(schedule: ScheduleSpec, samples: int) -> float:
 
 # Cuts far beyond any real run (factor 2: the 64th cut divides the LR by 2**64).
 _MAX_CUTS = 64
+# The critical-batch grid from batch.initial to batch.max has at most log2(65536 x 1e15) < 70 steps.
+MAX_GRID_STEPS = 128
 
 
 def seesaw_cuts(spec: LargeBatchJobSpec) -> tuple[int, ...]:
@@ -160,18 +164,43 @@ def _decay_inverse(schedule: ScheduleSpec, multiplier: float) -> float | None:
     return (1.0 - multiplier) / (1.0 - r)
 
 
-def _seesaw_levels(spec: LargeBatchJobSpec, cuts: int) -> list[tuple[int, float]]:
-    """(batch, LR multiplier) after 0..cuts cuts. A cut that grows the batch by g multiplies the LR by
-    sqrt(g)/factor: by factor**-0.5 for a full batch step, by 1/factor once the batch is at its max.
-    Stability (LR divisor factor/sqrt(g) >= sqrt(g)) needs g <= factor, so a batch rounded to whole
-    samples is rounded down where rounding to nearest would grow it by more than `factor`."""
+def _seesaw_batch(spec: LargeBatchJobSpec, progress: Progress, cuts: tuple[int, ...], k: int) -> int:
+    """The batch after `k` cuts. Without the cap it is the k-th level. With `capAtCriticalBatch`, each cut
+    the run has just passed climbs one level only if that level stays at or below the critical batch
+    measured then; otherwise the batch stays and the cut takes the LR down by the full factor."""
+    levels = _seesaw_levels(spec, len(cuts))
+    if not spec.batch.policy.seesaw.cap_at_critical_batch:
+        return levels[k]
+    if progress.batch is None:
+        return levels[0]
+    # The cuts passed since the previous step (which started `progress.batch` samples ago).
+    passed = k - bisect.bisect_right(cuts, progress.samples - progress.batch)
+    batch = progress.batch
+    cap = critical_batch(spec, progress.noise_scale)
+    for _ in range(passed):
+        higher = next((level for level in levels if level > batch), batch)
+        if cap is None or higher <= cap:
+            batch = higher
+    return batch
+
+
+def critical_batch(spec: LargeBatchJobSpec, noise_scale: float | None) -> float | None:
+    """`criticalBatch.multiplier` x the measured noise scale, or None before it is measured."""
+    if noise_scale is None:
+        return None
+    return spec.batch.policy.critical_batch.multiplier * noise_scale
+
+
+def _seesaw_levels(spec: LargeBatchJobSpec, cuts: int) -> list[int]:
+    """The batch after 0..cuts cuts, each cut growing it by `batchFactor` up to batch.max. A cut that grows
+    the batch by g multiplies the LR by sqrt(g)/factor: by factor**-0.5 for a full batch step, by 1/factor
+    once the batch is at its max. Stability (LR divisor factor/sqrt(g) >= sqrt(g)) needs g <= factor, so
+    a batch rounded to whole samples is rounded down where rounding to nearest would grow it by more."""
     seesaw = spec.batch.policy.seesaw
-    levels = [(spec.batch.initial, 1.0)]
+    levels = [spec.batch.initial]
     for k in range(1, cuts + 1):
-        previous, multiplier = levels[-1]
         ideal = min(spec.batch.max, round(spec.batch.initial * seesaw.growth**k))
-        batch = max(previous, min(ideal, math.floor(previous * seesaw.factor)))
-        levels.append((batch, multiplier * math.sqrt(batch / previous) / seesaw.factor))
+        levels.append(max(levels[-1], min(ideal, math.floor(levels[-1] * seesaw.factor))))
     return levels
 
 
@@ -191,19 +220,26 @@ def _ramp_level_start(spec: LargeBatchJobSpec, level: int, levels: int) -> int:
     return -(-level * spec.batch.policy.linear_ramp.ramp_samples // levels)
 
 
+def _critical_grid(spec: LargeBatchJobSpec, k: int) -> int:
+    """The k-th batch of the critical-batch policy: floor(batch.initial x growthFactor**k), at most batch.max."""
+    growth = spec.batch.policy.critical_batch.growth_factor
+    return min(spec.batch.max, math.floor(spec.batch.initial * growth**k + 1e-9))
+
+
 def _critical_target(spec: LargeBatchJobSpec, noise_scale: float) -> int:
-    """multiplier x noise scale, rounded down to the grid floor(batch.initial x growthFactor**k), capped at
-    batch.max: never above the target."""
-    cb, b0 = spec.batch.policy.critical_batch, spec.batch.initial
-    target = cb.multiplier * noise_scale
+    """multiplier x noise scale, rounded down to the grid, capped at batch.max: never above the target."""
+    b0, target = spec.batch.initial, critical_batch(spec, noise_scale)
     if target < b0:
         return b0
-    k_max = math.ceil(math.log(spec.batch.max / b0, cb.growth_factor)) if spec.batch.max > b0 else 0
-    k = min(k_max, math.floor(math.log(target / b0, cb.growth_factor) + 1e-9))
-    return min(spec.batch.max, math.floor(b0 * cb.growth_factor**k + 1e-9))
+    growth = spec.batch.policy.critical_batch.growth_factor
+    k_max = math.ceil(math.log(spec.batch.max / b0, growth)) if spec.batch.max > b0 else 0
+    return _critical_grid(spec, min(k_max, math.floor(math.log(target / b0, growth) + 1e-9)))
 
 
 def _critical_batch(spec: LargeBatchJobSpec, progress: Progress) -> int:
+    """The batch grows one grid step at a time (at most growthFactor per change, at most one change per
+    minStepsBetweenChanges), while the target is above it: the critical batch grows as the loss falls
+    (McCandlish et al.), and a single early estimate should not take the batch to its maximum at once."""
     current = progress.batch or spec.batch.initial
     min_steps = spec.batch.policy.critical_batch.min_steps_between_changes
     if (
@@ -212,7 +248,10 @@ def _critical_batch(spec: LargeBatchJobSpec, progress: Progress) -> int:
         or progress.step - progress.last_change_step < min_steps
     ):
         return current
-    return max(current, _critical_target(spec, progress.noise_scale))
+    target = _critical_target(spec, progress.noise_scale)
+    if target <= current:
+        return current
+    return next(b for k in range(1, MAX_GRID_STEPS + 1) if (b := _critical_grid(spec, k)) > current)
 
 
 # --- splitting a batch over ranks -----------------------------------------------------------------
@@ -291,8 +330,9 @@ class Phase:
 
 def phases(spec: LargeBatchJobSpec, noise_scale: float | None = None) -> list[Phase]:
     """The run as phases of constant batch and policy phase, with exact optimizer step counts (equal to
-    stepping plan() and advance() one step at a time). For `criticalBatch`, `noise_scale` is the noise
-    scale assumed throughout; without it the batch stays at batch.initial."""
+    stepping plan() and advance() one step at a time). Where the policy reads the noise scale
+    (`criticalBatch`, `seesaw.capAtCriticalBatch`), `noise_scale` is the one assumed throughout; without
+    it a critical-batch job stays at batch.initial and a capped Seesaw grows as plain Seesaw does."""
     out: list[Phase] = []
     for piece in _walk(spec, noise_scale):
         if out and out[-1].label == piece.label and out[-1].global_batch == piece.global_batch:

@@ -118,3 +118,29 @@ def test_every_exported_metric_is_documented():
     for name in names:
         suffix = "_total" if f'counter("{name}"' in source else ""
         assert f"`{name}{suffix}`" in documented, name
+
+
+def test_held_out_evaluations_come_at_every_interval_and_at_the_end(tmp_path):
+    """evaluation.everySamples: one held-out loss after each step that passes a multiple of it and one
+    at the end, in the checkpoint; the last is the loss of the final weights on the held-out samples."""
+    from largebatch_trainer.tasks.linear_regression import make_data
+
+    job = write_job(
+        tmp_path,
+        "evals",
+        batch={"initial": 24, "max": 24, "microBatchPerDevice": 24},
+        schedule={"totalSamples": 24 * 50, "warmupSamples": 0, "decay": "constant"},
+        evaluation={"everySamples": 100, "samples": 300},
+    )
+    run_standalone(job, 0)
+    state = final_state(tmp_path / "evals-ckpt")
+    evaluations = state["evaluations"]
+    # Steps of 24 samples: the first step past each multiple of 100, then the end (1,200 is one).
+    expected = sorted({-(-k * 100 // 24) for k in range(1, 13)} | {50})
+    assert [step for step, _, _ in evaluations] == expected
+    assert all(samples == 24 * step for step, samples, _ in evaluations)
+    held_out = make_data(8, 4_096, 1.0, 0, sample_seed=7)  # linreg's held-out set; the first 300 count
+    weights = state["model"]["weight"].squeeze(0)
+    final = float((0.5 * (held_out.x[:300] @ weights - held_out.y[:300]).pow(2)).mean())
+    assert evaluations[-1][2] == pytest.approx(final, rel=1e-5)
+    assert evaluations[-1][2] < evaluations[0][2]  # it learned

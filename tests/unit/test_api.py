@@ -58,6 +58,19 @@ def test_examples_are_valid_jobs(name):
             "decay=constant",
         ),
         (
+            {"batch": {"initial": 1, "policy": {"type": "criticalBatch"}}},
+            "batch.policy.type criticalBatch needs batch.initial >= 2",
+            "policy=criticalBatch, initial=1",
+        ),
+        (
+            {
+                "batch": {"policy": {"type": "criticalBatch", "criticalBatch": {"estimator": "preconditioned"}}},
+                "optimizer": {"name": "sgd", "lr": 0.1},
+            },
+            "estimator preconditioned needs an optimizer with a second-moment preconditioner (adamw, lamb)",
+            "optimizer=sgd",
+        ),
+        (
             {"metrics": {"port": 65534}, "workers": {"devicesPerWorker": 4}},
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
             "port=65534, devicesPerWorker=4",
@@ -115,6 +128,7 @@ def test_every_model_with_rules_is_covered():
     assert {m for m in seen if m.rules} == {m for m, _ in _all_rules()}
 
 
+estimators = st.sampled_from(["simple", "preconditioned"])
 candidate_specs = st.fixed_dictionaries(
     {
         "workers": st.fixed_dictionaries({"min": st.integers(1, 6), "max": st.integers(1, 6)}),
@@ -128,9 +142,13 @@ candidate_specs = st.fixed_dictionaries(
                             "type": st.just("seesaw"),
                             "seesaw": st.fixed_dictionaries(
                                 {"factor": st.sampled_from([1.5, 2.0, 3.0])},
-                                optional={"batchFactor": st.sampled_from([1.2, 2.0, 4.0])},
+                                optional={
+                                    "batchFactor": st.sampled_from([1.2, 2.0, 4.0]),
+                                    "capAtCriticalBatch": st.booleans(),
+                                },
                             ),
-                        }
+                        },
+                        optional={"criticalBatch": st.fixed_dictionaries({}, optional={"estimator": estimators})},
                     ),
                     st.fixed_dictionaries(
                         {"type": st.just("linearRamp")},
@@ -140,9 +158,15 @@ candidate_specs = st.fixed_dictionaries(
                             )
                         },
                     ),
-                    st.fixed_dictionaries({"type": st.sampled_from(["constant", "criticalBatch"])}),
+                    st.fixed_dictionaries(
+                        {"type": st.sampled_from(["constant", "criticalBatch"])},
+                        optional={"criticalBatch": st.fixed_dictionaries({}, optional={"estimator": estimators})},
+                    ),
                 ),
             }
+        ),
+        "optimizer": st.fixed_dictionaries(
+            {"name": st.sampled_from(["sgd", "adamw", "lamb", "lars"]), "lr": st.just(0.1)}
         ),
         "schedule": st.fixed_dictionaries(
             {

@@ -104,19 +104,20 @@ def test_the_operator_side_imports_without_torch():
     assert result.stdout.strip() == "ok", result.stderr
 
 
-def test_a_critical_batch_plan_without_a_noise_scale_shows_what_a_few_would_give():
-    result = lbctl("plan", str(EXAMPLES / "critical-batch.yaml"), "--json")
+@pytest.mark.parametrize("example", ["critical-batch.yaml", "seesaw.yaml"])
+def test_a_plan_that_follows_the_noise_scale_without_one_shows_what_a_few_would_give(example):
+    """criticalBatch, and Seesaw held to the critical batch (the default), depend on the noise scale."""
+    result = lbctl("plan", str(EXAMPLES / example), "--json")
     assert result.returncode == 0, result.stderr
     assumed = json.loads(result.stdout)["assumedNoiseScales"]
-    job = yaml.safe_load((EXAMPLES / "critical-batch.yaml").read_text())["spec"]["batch"]
-    # From a noise scale that asks for no growth to one that asks for batch.max: more growth, fewer steps.
+    job = yaml.safe_load((EXAMPLES / example).read_text())["spec"]["batch"]
+    # From a noise scale that allows no growth to one that allows batch.max: more growth, fewer steps.
     assert assumed[0]["largestBatch"] == job["initial"] and assumed[0]["saving"] == 0
     assert assumed[-1]["largestBatch"] == job["max"]
     assert [a["largestBatch"] for a in assumed] == sorted(a["largestBatch"] for a in assumed)
     assert [a["serialSteps"] for a in assumed] == sorted((a["serialSteps"] for a in assumed), reverse=True)
-    table = lbctl("plan", str(EXAMPLES / "critical-batch.yaml")).stdout
+    table = lbctl("plan", str(EXAMPLES / example)).stdout
     assert "If the measured noise scale were" in table and "pass --noise-scale" in table
-    for other in ("seesaw.yaml", "constant.yaml"):
-        assert "assumedNoiseScales" not in json.loads(lbctl("plan", str(EXAMPLES / other), "--json").stdout)
-    fixed = json.loads(lbctl("plan", str(EXAMPLES / "critical-batch.yaml"), "--json", "--noise-scale", "800").stdout)
+    assert "assumedNoiseScales" not in json.loads(lbctl("plan", str(EXAMPLES / "constant.yaml"), "--json").stdout)
+    fixed = json.loads(lbctl("plan", str(EXAMPLES / example), "--json", "--noise-scale", "800").stdout)
     assert "assumedNoiseScales" not in fixed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from largebatch_trainer.noise import NoiseScale, estimate
+from largebatch_trainer.noise import NoiseScale, estimate, preconditioners, squared_norm
 
 
 def test_the_two_batch_estimators_are_unbiased():
@@ -51,3 +51,59 @@ def test_state_round_trips():
 def test_equal_batch_sizes_are_refused_with_the_numbers():
     with pytest.raises(ValueError, match="b_small=8, b_big=8"):
         estimate(8, 1.0, 8, 1.0)
+
+
+def _linear_regression(dim: int = 6, population: int = 512):
+    """A finite population of (x, y) and weights away from the optimum: per-sample gradients of
+    ½(x·w − y)² are g_i = x_i (x_i·w − y_i), so G and Σ (per coordinate) are exact."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(population, dim, generator=generator, dtype=torch.float64) * torch.linspace(0.3, 3.0, dim)
+    y = x @ torch.linspace(-1.0, 1.0, dim, dtype=torch.float64) + 0.5 * torch.randn(population, generator=generator)
+    model = torch.nn.Linear(dim, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.linspace(0.5, -0.2, dim))
+    per_sample = x * (x @ model.weight.detach().squeeze(0) - y).unsqueeze(1)
+    return x, y, model, per_sample.mean(0), per_sample.var(0, unbiased=False)
+
+
+def _measured_noise_scale(x, y, model, weights, b_small=4, b_big=32, trials=6000) -> float:
+    """The two-batch estimators averaged over many independent draws (with replacement), the way the
+    trainer measures: squared norms of the (weighted) gradients of a small and a big batch."""
+    generator = torch.Generator().manual_seed(2)
+    params = list(model.parameters())
+    g_sq = trace = 0.0
+    for _ in range(trials):
+        norms = []
+        for size in (b_small, b_big):
+            index = torch.randint(0, len(x), (size,), generator=generator)
+            loss = 0.5 * (model(x[index]).squeeze(1) - y[index]).pow(2).mean()
+            norms.append(float(squared_norm(torch.autograd.grad(loss, params), params, weights)))
+        one_g_sq, one_trace = estimate(b_small, norms[0], b_big, norms[1])
+        g_sq, trace = g_sq + one_g_sq, trace + one_trace
+    return trace / g_sq
+
+
+def test_the_preconditioned_estimator_matches_its_closed_form_on_linear_regression():
+    x, y, model, mean, variance = _linear_regression()
+    # A fixed diagonal preconditioner P = 1/(sqrt(v̂) + eps), handed over as an AdamW's second moments.
+    p = torch.tensor([4.0, 0.2, 1.0, 0.1, 2.0, 0.5], dtype=torch.float64)
+    eps, beta2 = 1e-8, 0.999
+    optimizer = torch.optim.AdamW(model.parameters(), eps=eps, betas=(0.9, beta2))
+    optimizer.state[model.weight] = {
+        "step": torch.tensor(1.0),
+        "exp_avg": torch.zeros_like(model.weight),
+        "exp_avg_sq": ((1.0 / p - eps) ** 2 * (1 - beta2)).unsqueeze(0),
+    }
+    weights = preconditioners(optimizer)
+    assert weights[model.weight.data_ptr()].squeeze(0) == pytest.approx(p, rel=1e-9)
+
+    closed_form = float((p**2 * variance).sum() / (p**2 * mean**2).sum())  # tr(PΣP) / |PG|²
+    simple = float(variance.sum() / mean.pow(2).sum())  # tr(Σ) / |G|²
+    assert abs(closed_form / simple - 1) > 0.5  # the preconditioner matters on this problem
+    assert _measured_noise_scale(x, y, model, weights) == pytest.approx(closed_form, rel=0.08)
+    assert _measured_noise_scale(x, y, model, None) == pytest.approx(simple, rel=0.08)
+
+
+def test_no_preconditioner_before_the_optimizer_has_second_moments():
+    model = torch.nn.Linear(3, 1)
+    assert preconditioners(torch.optim.AdamW(model.parameters())) is None

@@ -103,30 +103,70 @@ def critical_spec(**policy):
     )
 
 
-def test_critical_batch_moves_to_the_noise_scale_on_the_growth_grid():
+def climb(spec, noise_scale: float, batch: int = 16) -> list[int]:
+    """The batches the policy takes, change after change, with the noise scale held at `noise_scale`."""
+    batches = [batch]
+    for change in range(1, 20):
+        state = Progress(
+            samples=1_600, step=100 * change, batch=batches[-1], last_change_step=0, noise_scale=noise_scale
+        )
+        batches.append(schedule.plan(spec, state).global_batch)
+        if batches[-1] == batches[-2]:
+            return batches[:-1]
+    raise AssertionError(f"still climbing: {batches}")
+
+
+def test_critical_batch_climbs_the_growth_grid_one_step_per_change_up_to_the_noise_scale():
     spec = critical_spec()
-    state = Progress(samples=1_600, step=100, batch=16, last_change_step=0, noise_scale=300.0)
-    assert schedule.plan(spec, state).global_batch == 256  # 16 * 2**4 <= 300 < 16 * 2**5
-    assert schedule.plan(spec, Progress(samples=1_600, step=100, batch=16, noise_scale=5000.0)).global_batch == 1000
+    assert climb(spec, 300.0) == [16, 32, 64, 128, 256]  # 16 * 2**4 <= 300 < 16 * 2**5
+    assert climb(spec, 5000.0) == [16, 32, 64, 128, 256, 512, 1000]  # batch.max ends the grid
+    # The multiplier scales the target: 0.5 * 300 = 150 -> 128.
+    assert climb(critical_spec(multiplier=0.5), 300.0)[-1] == 128
     # Never down, even when the noise scale falls.
     assert schedule.plan(spec, Progress(samples=1_600, step=100, batch=256, noise_scale=20.0)).global_batch == 256
     # At most once per minStepsBetweenChanges, and not during warmup.
-    assert (
-        schedule.plan(
-            spec, Progress(samples=1_600, step=100, batch=32, last_change_step=95, noise_scale=300.0)
-        ).global_batch
-        == 32
-    )
+    state = Progress(samples=1_600, step=100, batch=32, last_change_step=95, noise_scale=300.0)
+    assert schedule.plan(spec, state).global_batch == 32
     assert schedule.plan(spec, Progress(samples=80, step=5, batch=16, noise_scale=300.0)).global_batch == 16
-    # The multiplier scales the target: 0.5 * 300 = 150 -> 128.
-    assert schedule.plan(critical_spec(multiplier=0.5), state).global_batch == 128
 
 
 def test_critical_batch_records_when_it_changed():
     spec = critical_spec()
     before = Progress(samples=1_600, step=100, batch=16, last_change_step=0, noise_scale=300.0)
     after = schedule.advance(before, schedule.plan(spec, before))
-    assert (after.samples, after.step, after.batch, after.last_change_step) == (1_856, 101, 256, 100)
+    assert (after.samples, after.step, after.batch, after.last_change_step) == (1_632, 101, 32, 100)
+
+
+def seesaw_spec(**seesaw):
+    return make_spec(
+        batch={"initial": 16, "max": 256, "policy": {"type": "seesaw", "seesaw": {"factor": 2} | seesaw}},
+        schedule={"totalSamples": 100_000, "warmupSamples": 1_000, "decay": "cosine", "minLrRatio": 0.01},
+    )
+
+
+def test_seesaw_held_to_the_critical_batch_cuts_the_lr_in_full_where_growing_would_pass_it():
+    spec = seesaw_spec(capAtCriticalBatch=True)
+    cuts = schedule.seesaw_cuts(spec)
+    assert len(cuts) == 6  # 2**-6 >= 0.01 > 2**-7
+
+    def across(k: int, batch: int, noise: float | None) -> schedule.Plan:
+        before = Progress(samples=cuts[k] - 1, step=500, batch=batch, noise_scale=noise)
+        return schedule.plan(spec, schedule.advance(before, schedule.plan(spec, before)))
+
+    before = schedule.plan(spec, Progress(samples=cuts[1] - 1, step=500, batch=32, noise_scale=100.0))
+    # Critical batch 100: the second cut may grow 32 -> 64 (LR / sqrt 2) ...
+    grown = across(1, 32, 100.0)
+    assert grown.policy_batch == 64 and grown.lr == pytest.approx(before.lr / math.sqrt(2))
+    # ... but at critical batch 60 it keeps 32 and cuts the LR by the full factor, as the decay would.
+    held = across(1, 32, 60.0)
+    assert held.policy_batch == 32 and held.lr == pytest.approx(before.lr / 2)
+    # A later cut grows again once the measured critical batch allows it: one level, from where it is.
+    assert across(2, 32, 100.0).policy_batch == 64
+    # Until the noise scale is measured, cuts grow the batch as plain Seesaw does.
+    assert across(1, 32, None).policy_batch == 64
+    # Without the cap the same cut grows whatever the noise scale.
+    plain = seesaw_spec(capAtCriticalBatch=False)
+    assert schedule.plan(plain, Progress(samples=cuts[1], noise_scale=60.0)).policy_batch == 64
 
 
 def test_split_hand_example():

@@ -70,9 +70,13 @@ def policies(kind: str | None = None):
         st.integers(1, 20_000),
     )
     seesaw = st.builds(
-        lambda factor, growth: {"type": "seesaw", "seesaw": {"factor": factor, "batchFactor": growth}},
+        lambda factor, growth, cap: {
+            "type": "seesaw",
+            "seesaw": {"factor": factor, "batchFactor": growth, "capAtCriticalBatch": cap},
+        },
         st.sampled_from([1.5, 2.0, 3.0, 4.0]),
         st.sampled_from([None, 1.5, 2.0]),
+        st.booleans(),
     ).filter(lambda p: p["seesaw"]["batchFactor"] is None or p["seesaw"]["batchFactor"] <= p["seesaw"]["factor"])
     critical = st.builds(
         lambda growth, steps: {
@@ -94,7 +98,8 @@ def policies(kind: str | None = None):
 @st.composite
 def jobs(draw, kind: str | None = None):
     policy = dict(draw(policies(kind)))
-    initial = draw(st.integers(1, 64))
+    measures = policy["type"] == "criticalBatch" or policy.get("seesaw", {}).get("capAtCriticalBatch", False)
+    initial = draw(st.integers(2 if policy["type"] == "criticalBatch" else 1, 64))
     maximum = initial + policy.pop("_max_over", draw(st.integers(0, 512)))
     total = draw(st.integers(1, 30_000))
     warmup = draw(st.integers(0, total - 1))
@@ -108,7 +113,7 @@ def jobs(draw, kind: str | None = None):
             "minLrRatio": draw(st.sampled_from([0.0, 0.01, 0.1, 0.5])),
         },
     )
-    noise = draw(st.none() | st.floats(0.5, 5_000)) if policy["type"] == "criticalBatch" else None
+    noise = draw(st.none() | st.floats(0.5, 5_000)) if measures else None
     return spec, noise
 
 
@@ -154,8 +159,10 @@ def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
     _, plans = step_by_step(spec, noise)
     cb = spec.batch.policy.critical_batch
     changes = [(s.step, p.policy_batch) for s, p in plans if s.batch is not None and p.policy_batch != s.batch]
-    grid = {min(spec.batch.max, math.floor(spec.batch.initial * cb.growth_factor**k + 1e-9)) for k in range(40)}
-    assert all(b in grid for _, b in changes)
+    grid = sorted({min(spec.batch.max, math.floor(spec.batch.initial * cb.growth_factor**k + 1e-9)) for k in range(40)})
+    # One grid step per change.
+    batches = [spec.batch.initial] + [b for _, b in changes]
+    assert all(b in grid and grid.index(b) == grid.index(a) + 1 for a, b in pairwise(batches))
     steps = [0] + [s for s, _ in changes]
     assert all(b - a >= cb.min_steps_between_changes for a, b in pairwise(steps))
     if noise is not None:
@@ -165,16 +172,28 @@ def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
 @settings(max_examples=100, deadline=None)
 @given(jobs("seesaw"))
 def test_seesaw_cuts_trade_lr_for_batch_at_the_stability_edge(job):
-    spec, _ = job
+    spec, noise = job
     seesaw = spec.batch.policy.seesaw
     cuts = schedule.seesaw_cuts(spec)
     assert all(seesaw.factor**-k >= spec.schedule.min_lr_ratio for k in range(1, len(cuts) + 1))
-    levels = schedule._seesaw_levels(spec, len(cuts))
-    for (b0, m0), (b1, m1) in pairwise(levels):
-        growth = b1 / b0
-        assert m1 / m0 == pytest.approx(math.sqrt(growth) / seesaw.factor)
-        # Stability (Seesaw paper): the LR divisor is at least sqrt of the batch growth.
-        assert m0 / m1 >= math.sqrt(growth) - 1e-9
+    _, plans = step_by_step(spec, noise)
+    after_warmup = [(s, p) for s, p in plans if s.samples >= spec.schedule.warmup_samples]
+    cap = (
+        None
+        if noise is None or not seesaw.cap_at_critical_batch
+        else spec.batch.policy.critical_batch.multiplier * noise
+    )
+    for (s0, p0), (s1, p1) in pairwise(after_warmup):
+        passed = sum(1 for c in cuts if s0.samples < c <= s1.samples)
+        growth = p1.policy_batch / p0.policy_batch
+        assert p1.lr / p0.lr == pytest.approx(math.sqrt(growth) / seesaw.factor**passed)
+        if passed == 0:
+            assert growth == 1
+        else:
+            # Stability (Seesaw paper): the LR divisor is at least sqrt of the batch growth.
+            assert p0.lr / p1.lr >= math.sqrt(growth) - 1e-9
+            # Held to the critical batch: a cut never takes the batch above it.
+            assert cap is None or growth == 1 or p1.policy_batch <= cap
     # Each cut sits where the base decay first reaches factor**-k.
     for k, c in enumerate(cuts, start=1):
         assert schedule.decay_multiplier(spec.schedule, c) <= seesaw.factor**-k

@@ -23,11 +23,10 @@ import torch.distributed as dist
 
 from largebatch import report, schedule, timestamps
 from largebatch.api import LargeBatchJob, PlanStatus, ProgressStatus
-from largebatch_trainer import checkpoint, optim
+from largebatch_trainer import checkpoint, noise, optim
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.distributed import DistEnv, choose_device, init_process_group
 from largebatch_trainer.metrics import Metrics
-from largebatch_trainer.noise import NoiseScale
 from largebatch_trainer.progress import Sink
 from largebatch_trainer.tasks import Task, load_task
 
@@ -39,31 +38,40 @@ class Options:
     metrics_port: int | None = None
     sink: Sink | None = None
     report_seconds: float = 2.0
-    eval_samples: int = 2048
 
 
 class _Norms:
-    """Squared norms of this step's local (pre-all-reduce) and global gradients, filled by the hook."""
+    """Squared norms of this step's local (pre-all-reduce) and global gradients, filled by the hook, with
+    the preconditioner `weights` applied when the estimator is the preconditioned one."""
 
     def __init__(self, device: torch.device):
         # On the training device: reading them on the host would synchronise inside the backward pass.
         self.local_sq = torch.zeros((), dtype=torch.float64, device=device)
         self.global_sq = torch.zeros((), dtype=torch.float64, device=device)
+        self.weights: dict[int, torch.Tensor] | None = None
 
-    def reset(self) -> None:
+    def reset(self, weights: dict[int, torch.Tensor] | None) -> None:
         self.local_sq.zero_()
         self.global_sq.zero_()
+        self.weights = weights
+
+    def squared(self, buffer: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        if self.weights is None:
+            return torch.linalg.vector_norm(buffer).double().square()
+        # A bucket's buffer is its parameters' gradients flattened one after another.
+        views = [v.view_as(p) for v, p in zip(buffer.split([p.numel() for p in params]), params, strict=True)]
+        return noise.squared_norm(views, params, self.weights)
 
 
 def _sum_hook(norms, bucket):  # unannotated: DDP checks real annotations, and this module's are strings
     """DDP communication hook: all-reduce each gradient bucket with SUM (the loss is already divided by
     the global batch) and record its squared norm before and after."""
-    buffer = bucket.buffer()
-    norms.local_sq += torch.linalg.vector_norm(buffer).double().square()
+    buffer, params = bucket.buffer(), bucket.parameters()
+    norms.local_sq += norms.squared(buffer, params)
 
     def record(future):
         reduced = future.value()[0]
-        norms.global_sq += torch.linalg.vector_norm(reduced).double().square()
+        norms.global_sq += norms.squared(reduced, params)
         return reduced
 
     return dist.all_reduce(buffer, async_op=True).get_future().then(record)
@@ -78,7 +86,9 @@ class Trainer:
         self.task: Task = load_task(self.spec.task.entrypoint, self.spec.task.args, self.spec.task.seed)
         self.module = self.task.model.to(self.device)
         self.optimizer = optim.build(self.spec.optimizer, self.module)
-        self.noise = NoiseScale(self.spec.batch.policy.critical_batch.smoothing)
+        self.noise = noise.NoiseScale(self.spec.batch.policy.critical_batch.smoothing)
+        self.estimator = self.spec.batch.policy.critical_batch.estimator
+        self.evaluations: list[list] = []  # [step, samples, held-out loss]
         self.stream = SampleStream(len(self.task.dataset), self.spec.task.seed)
         self.progress = schedule.Progress()
         self.history: list[list[int]] = []  # [first step, first sample, batch, world size, steps]
@@ -125,6 +135,7 @@ class Trainer:
         self.progress = schedule.Progress(**state["progress"])
         self.noise.load_state_dict(state["noise"])
         self.history = state["history"]
+        self.evaluations = state.get("evaluations", [])
         torch.set_rng_state(state["rng"])
         # What the last step reported, so that a worker restarted after the end still reports it.
         self.last_loss = state.get("loss")
@@ -140,6 +151,7 @@ class Trainer:
             "progress": dataclasses.asdict(self.progress),
             "noise": self.noise.state_dict(),
             "history": self.history,
+            "evaluations": self.evaluations,
             "rng": torch.get_rng_state(),
             "loss": self.last_loss,
             "plan": self.plan_status.model_dump(mode="json", by_alias=True, exclude_none=True),
@@ -157,6 +169,7 @@ class Trainer:
         every = self.spec.checkpoint.every_steps
         while self.progress.samples < total:
             stop = self._step()
+            self._evaluate_when_due()
             if stop or self.progress.step % every == 0 or self.progress.samples >= total:
                 self._save()
             if stop:
@@ -175,9 +188,16 @@ class Trainer:
         batch = plan.global_batch
         position = self.progress.samples + split.rank_offset(env.rank)
         micro = split.micro_batches[env.rank]
+        if world == 1 and len(micro) == 1 and micro[0] >= 2 and self._measure_by_halves():
+            micro = (micro[0] - micro[0] // 2, micro[0] // 2)
+        # Two small batches or more (ranks or micro-batches) measure the noise scale. The preconditioned
+        # estimator needs the optimizer's second moments: none before the first step.
+        measure = world > 1 or len(micro) > 1
+        weights = noise.preconditioners(self.optimizer) if measure and self.estimator == "preconditioned" else None
+        measure = measure and (weights is not None or self.estimator == "simple")
 
         if self.hook is not None:
-            self.hook.reset()
+            self.hook.reset(weights)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         micro_norms: list[tuple[int, torch.Tensor]] = []  # single worker: (samples, |G_micro|²)
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -193,7 +213,7 @@ class Trainer:
                 scaled = step_loss * ((1.0 if size else 0.0) / batch)
                 if world == 1 and len(micro) > 1:
                     grads = torch.autograd.grad(scaled, params)
-                    micro_norms.append((size, _squared_norm(grads) * (batch / size) ** 2))
+                    micro_norms.append((size, noise.squared_norm(grads, params, weights) * (batch / size) ** 2))
                     for p, g in zip(params, grads, strict=True):
                         p.grad = g if p.grad is None else p.grad.add_(g)
                 else:
@@ -209,11 +229,11 @@ class Trainer:
         stats[4] = float(self.stop.requested)
         rank_samples = sum(micro)
         stats[5] = rank_samples
-        if world > 1 and rank_samples:
+        if measure and world > 1 and rank_samples:
             stats[1] = self.hook.local_sq * (batch / rank_samples) ** 2
             stats[2] = 1.0 / rank_samples
             stats[3] = 1.0
-        elif micro_norms:
+        elif measure and micro_norms:
             stats[1] = torch.stack([g_sq for _, g_sq in micro_norms]).sum()
             stats[2] = sum(1.0 / size for size, _ in micro_norms)
             stats[3] = len(micro_norms)
@@ -222,7 +242,7 @@ class Trainer:
         if world > 1:
             global_sq = self.hook.global_sq.clone()
         elif micro_norms:
-            global_sq = _squared_norm([p.grad for p in params if p.grad is not None])
+            global_sq = noise.squared_norm([p.grad for p in params], params, weights)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if pending is not None:
@@ -242,6 +262,23 @@ class Trainer:
         self._update_metrics(plan, split, elapsed, int(consumed))
         self._report()
         return bool(stop)
+
+    def _measure_by_halves(self) -> bool:
+        """A lone micro-batch gives one small batch, and the noise scale needs two: on a measuring step
+        of a policy that reads the noise scale, it runs as two halves (the same gradient, summed)."""
+        cb = self.spec.batch.policy.critical_batch
+        return self.spec.measures_noise_scale and self.progress.step % cb.measure_every_steps == 0
+
+    def _evaluate_when_due(self) -> None:
+        """Held-out loss at every multiple of evaluation.everySamples the step passed, and at the end. Rank 0
+        alone evaluates (the weights are the same on every rank); the others wait at the next all-reduce."""
+        if self.task.eval_dataset is None or self.env.rank != 0:
+            return
+        every, samples = self.spec.evaluation.every_samples, self.progress.samples
+        previous = self.evaluations[-1][1] if self.evaluations else 0
+        due = samples >= self.spec.schedule.total_samples or (every and samples // every > previous // every)
+        if due:
+            self.evaluations.append([self.progress.step, samples, self.evaluate()])
 
     def _record(self, plan: schedule.Plan, world: int) -> None:
         last = self.history[-1] if self.history else None
@@ -287,7 +324,8 @@ class Trainer:
             samples=p.samples,
             tokens=p.samples * self.task.tokens_per_sample,
             loss=self.last_loss,
-            eval_loss=self.evaluate() if done and self.task.eval_dataset is not None else None,
+            eval_loss=self.evaluations[-1][2] if self.evaluations else None,
+            eval_step=self.evaluations[-1][0] if self.evaluations else None,
             noise_scale=self.noise.value,
             samples_per_second=self.throughput,
             policy_batch=p.batch,
@@ -312,9 +350,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss per sample over the first `eval_samples` held-out samples."""
+        """Mean loss per sample over the first `evaluation.samples` held-out samples."""
         data = self.task.eval_dataset
-        count = min(len(data), self.options.eval_samples)
+        count = min(len(data), self.spec.evaluation.samples)
         total, micro = 0.0, self.spec.batch.micro_batch_per_device
         self.module.eval()
         for start in range(0, count, micro):
@@ -359,10 +397,6 @@ def _restarts_of_any_agent(own: int, device: torch.device) -> int:
     count = torch.tensor([own], dtype=torch.int64, device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
-
-
-def _squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(torch._foreach_norm(tensors)).double().square().sum()
 
 
 def _to(data, device: torch.device):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+
 
 def estimate(b_small: float, g_small_sq: float, b_big: float, g_big_sq: float) -> tuple[float, float]:
     """One step's unbiased (|G|², tr Σ) from the squared gradient norms at two batch sizes."""
@@ -54,3 +56,37 @@ class NoiseScale:
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+# --- the preconditioned estimator ---------------------------------------------------------------------
+#
+# An Adam-family step moves along P ⊙ G with P = 1/(sqrt(v̂) + eps), so the gradient noise that decides
+# its useful batch is that of P ⊙ g (Pollux, Qiao et al. 2021): the same two-batch estimators on squared
+# norms of preconditioned gradients, |P ⊙ G_B|², give tr(P Σ P)/|P ⊙ G|².
+
+
+def preconditioners(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor] | None:
+    """P = 1/(sqrt(v̂) + eps) of each parameter with second-moment state, keyed by its data pointer (DDP's
+    buckets hand out other tensor objects for the same parameters); None before the first step."""
+    weights = {}
+    for group in optimizer.param_groups:
+        eps, beta2 = group.get("base_eps", group.get("eps")), group["betas"][1]
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "exp_avg_sq" not in state:
+                continue
+            t = float(state.get("step", group.get("step", 0)))
+            if t < 1:
+                continue
+            with torch.no_grad():
+                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(1.0 - beta2**t).sqrt_().add_(eps))
+    return weights or None
+
+
+def squared_norm(tensors, params=None, weights: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """Σ |w ⊙ t|² over `tensors` (float64, on their device), w the weight of the matching parameter in
+    `params` when `weights` are given (1 for a parameter without one)."""
+    if weights is None:
+        return torch.stack(torch._foreach_norm(list(tensors))).double().square().sum()
+    scaled = [t * weights[p.data_ptr()] if p.data_ptr() in weights else t for t, p in zip(tensors, params, strict=True)]
+    return torch.stack(torch._foreach_norm(scaled)).double().square().sum()

@@ -284,6 +284,10 @@ class LocalRun:
                 {"firstStep": s, "firstSample": f, "globalBatch": b, "worldSize": w, "steps": n}
                 for s, f, b, w, n in history
             ],
+            "evaluations": [
+                {"step": step, "samples": samples, "evalLoss": loss}
+                for step, samples, loss in saved.get("evaluations", [])
+            ],
             "timeline": self.state.timeline,
         }
 
