@@ -1,17 +1,20 @@
 """The chart on the real control plane: what it renders is valid for the API server (a server-side dry
 run, with the default values and four other sets, one with every monitoring object on), and a release
 installs, upgrades and uninstalls, with an operator under exactly the release's RBAC (namespaced Roles,
-from `watchNamespaces`) training-side objects for a job in between."""
+from `watchNamespaces`) training-side objects for a job in between; and an operator with the
+environment the chart's Deployment gives it (every namespace, health endpoint) trains a job."""
 
 from __future__ import annotations
+
+import urllib.request
 
 import pytest
 from kubernetes import client
 
-from tests.e2e.jobs import CHART, apply
+from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE, apply
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.test_operator import job_document
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -99,3 +102,37 @@ def test_install_upgrade_and_uninstall_with_namespaced_rights(crd, namespace, tm
     assert not rbac.list_namespaced_role(namespace).items
     assert not [b for b in rbac.list_cluster_role_binding().items if b.metadata.name == f"{release}-operator"]
     assert crd.kubectl("get", "crd", "largebatchjobs.largebatch.io", check=False).returncode == 0  # CRDs stay
+
+
+def test_the_charts_operator_settings_serve_every_namespace_and_answer_its_probes(crd, namespace, operator_kubeconfig,
+                                                                                   tmp_path):  # fmt: skip
+    """The operator with the environment of the session release's own Deployment (every namespace, the
+    release's cluster peering, kopf's health endpoint) trains a job under the ClusterRole, and the
+    endpoint both probes ask answers."""
+    deployment = client.AppsV1Api(crd.api).read_namespaced_deployment(f"{RELEASE}-operator", OPERATOR_NAMESPACE)
+    env = {e.name: e.value or "" for e in deployment.spec.template.spec.containers[0].env}  # "" reads as None
+    assert env["LARGEBATCH_WATCH_NAMESPACES"] == "" and env["LARGEBATCH_PEERING"] == f"{RELEASE}-operator"
+    health = f"http://127.0.0.1:{free_port()}/healthz"  # the chart's 0.0.0.0:8080, on a free port here
+    env = env | {"LARGEBATCH_LIVENESS_ENDPOINT": health}
+    env.pop("LARGEBATCH_OPERATOR_METRICS_PORT")  # a free port of the test's
+    operator = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log", **env)
+    try:
+        wait_for(lambda: _answers(health), what=f"{health} to answer")
+        assert apply(crd, job_document("everywhere", None), namespace).returncode == 0
+        core = client.CoreV1Api(crd.api)
+        wait_for(lambda: [p for p in core.list_namespaced_pod(namespace).items
+                          if p.metadata.name == "everywhere-worker-0"],
+                 what="the job's first worker, created by the cluster-wide operator")  # fmt: skip
+        assert _answers(health)
+        crd.kubectl("delete", "lbj", "everywhere", "-n", namespace, "--timeout=60s")  # while an operator runs
+    finally:
+        operator.stop()
+    assert "Resuming operations" in operator.tail(20_000), operator.tail()  # it acted in the release's peering
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False

@@ -49,14 +49,65 @@ def test_the_operator_has_least_privilege(helm, values):
 
 
 def test_the_deployment_runs_the_operator_as_non_root_with_peering(helm):
-    documents = render(helm, "--set", "replicas=2")
+    documents = render(helm, "--set", "replicas=2", "--set", "resources.limits.cpu=2")
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == 2 and pod["serviceAccountName"] == "lb-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    container = pod["containers"][0]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert container["image"] == f"ghcr.io/largebatch/operator:{chart['appVersion']}"
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["limits"] == {"cpu": 2, "memory": "512Mi"}
+    # Both probes ask kopf's health endpoint, on the port the operator is told to serve it on.
+    health = next(p for p in container["ports"] if p["name"] == "health")["containerPort"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["LARGEBATCH_LIVENESS_ENDPOINT"] == f"http://0.0.0.0:{health}/healthz"
     assert env["LARGEBATCH_PEERING"] == "lb-operator" and env["LARGEBATCH_WATCH_NAMESPACES"] == ""
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "ClusterKopfPeering"] == ["lb-operator"]
+
+
+def test_every_name_fits_a_dns_label_for_the_longest_release_name(helm):
+    release = "r" * 53  # Helm's own limit on a release name
+    out = subprocess.run(
+        [helm, "template", release, str(CHART), "-n", "lb-system", "--api-versions", "monitoring.coreos.com/v1",
+         "--set", "monitoring.serviceMonitor.enabled=true,monitoring.podMonitor.enabled=true",
+         "--set", "monitoring.prometheusRule.enabled=true,monitoring.dashboards.enabled=true"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(out) if d]
+    names = [d["metadata"]["name"] for d in documents]
+    assert len(names) > 10
+    assert max(len(n) for n in names) <= 63, [n for n in names if len(n) > 63]
+    # The operator-down alert finds the operator by its metrics Service's (shortened) name.
+    service = next(d["metadata"]["name"] for d in documents if d["kind"] == "Service")
+    assert service.endswith("-metrics") and f'job="{service}"' in out
+
+
+def test_every_value_is_explained():
+    """values.yaml is the chart's manual: every value has a comment on its line, or above it (one comment
+    may cover the keys right below it, and a block's comment its keys)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+
+    def explained(i: int) -> bool:
+        for above in reversed(lines[:i]):
+            if above.lstrip().startswith("#"):
+                return True
+            if not above.strip() or "#" in above:
+                return False  # a blank line, or a key with its own comment
+        return False
+
+    for i, line in enumerate(lines):
+        key = line.split("#", 1)[0].rstrip()
+        if key.endswith(":") or ":" not in key:
+            continue  # a block (its keys are checked) or a comment
+        assert "#" in line or explained(i), f"values.yaml line {i + 1} has no comment: {line.strip()}"
 
 
 def test_watched_namespaces_get_roles_and_peer_in_each(helm):

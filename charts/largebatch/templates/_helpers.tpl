@@ -2,6 +2,14 @@
 {{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* A name derived from the fullname (call with (list $ "suffix")), kept within the 63 characters
+of a DNS label: a Service name over that limit is refused by the API server. */}}
+{{- define "largebatch.childName" -}}
+{{- $suffix := index . 1 -}}
+{{- $base := include "largebatch.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end -}}
+
 {{- define "largebatch.serviceAccountName" -}}
 {{- default (include "largebatch.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
@@ -77,5 +85,5 @@ the alternative, leaving it out, would leave the user believing the job is monit
 {{/* The operator's metrics Service: the ServiceMonitor's scrape job takes its name, and the
 LargeBatchOperatorDown alert looks for that job. */}}
 {{- define "largebatch.metricsService" -}}
-{{ include "largebatch.fullname" . }}-metrics
+{{ include "largebatch.childName" (list . "metrics") }}
 {{- end -}}
