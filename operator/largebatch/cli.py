@@ -76,7 +76,10 @@ def plan(
     if plot is not None:
         from largebatch.plot import plot_plan
 
-        plot_plan(spec, plot, title=f"{manifest.metadata.name}: planned batch and LR", noise_scale=noise_scale)
+        try:
+            plot_plan(spec, plot, title=f"{manifest.metadata.name}: planned batch and LR", noise_scale=noise_scale)
+        except OSError as exc:
+            raise _fail(f"--plot {plot}: {exc.strerror or exc}") from None
     assumed = plan_report.assumed_noise_scales(spec) if spec.measures_noise_scale and noise_scale is None else []
     if as_json:
         extra = {"assumedNoiseScales": [a.to_json() for a in assumed]} if assumed else {}
@@ -102,7 +105,7 @@ def plan(
                       "(none measured yet) is only the start; pass --noise-scale to see the phases for one "
                       "value.")  # fmt: skip
     if plot is not None:
-        console.print(f"Plot written to {plot}")
+        console.print(f"Plot written to {escape(str(plot))}")
 
 
 @app.command()
@@ -156,6 +159,12 @@ def run(
         controller.check_capacity(steps or [], slots, spec.workers.min)
     except ValueError as exc:
         raise _fail(exc) from None
+    port = spec.metrics.port if metrics_port is None else metrics_port
+    processes = spec.workers.max * spec.workers.devices_per_worker  # one metrics port each
+    if port and port + processes - 1 > 65535:
+        raise _fail(f"metrics port {port}: the local run serves metrics on {processes} ports from it (workers.max "
+                    f"{spec.workers.max} x devicesPerWorker {spec.workers.devices_per_worker}), past 65535: pass "
+                    f"--metrics-port {65536 - processes} or lower, or 0 to serve none")  # fmt: skip
     import torch
 
     from largebatch_trainer.tasks import load_task
@@ -180,7 +189,7 @@ def run(
         slots=slots,
         capacity=steps,
         device=device,
-        metrics_port=spec.metrics.port if metrics_port is None else metrics_port,
+        metrics_port=port,
         restart_seconds=restart_cost,
     )
     try:
@@ -191,6 +200,8 @@ def run(
                 code, failure = runner.run(), None
             except RunFailed as exc:
                 code, failure = 1, exc
+            except OSError as exc:  # the run's own files (its logs, a node's start): a full or vanished disk
+                code, failure = 2, f"{exc.filename or runner.run_dir}: {exc.strerror or exc}"
     except (RunDirError, record.RecordError) as exc:
         raise _fail(exc) from None
     if failure:
@@ -203,7 +214,8 @@ def run(
         raise _fail(exc, code or 2) from None
     _summary(result, json_path, png_path)
     if code > 128:
-        console.print(f"Stopped. Run the same command again to resume from the last checkpoint in {runner.run_dir}.")
+        console.print("Stopped. Run the same command again to resume from the last checkpoint in "
+                      f"{escape(str(runner.run_dir))}.")  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -225,7 +237,7 @@ def _summary(result: dict, json_path: Path, png_path: Path) -> None:
         ("record", f"{json_path}, {png_path}"),
     ]
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, escape(value))  # a path may hold brackets
     console.print(table)
 
 

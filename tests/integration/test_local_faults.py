@@ -1,6 +1,6 @@
 """Faults during `lbctl run --local`, produced for real: a second run on the same folder, a damaged
 checkpoint, a SIGKILLed torchrun agent, a full disk and a read-only one (tmpfs mounts: the tests run as
-root, as CI does), Ctrl-C, SIGHUP and SIGKILL of lbctl itself. None may corrupt the run directory, leave
+root, as CI does), Ctrl-C, SIGTERM, SIGHUP and SIGKILL of lbctl itself. None may corrupt the run directory, leave
 a process training, or end in a traceback; docs/local-runs.md lists what each costs."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from largebatch import launch
+from largebatch.local import rundir
 from largebatch.local.nodes import descendants, parent_of
 from largebatch_trainer import checkpoint
 from tests.helpers import contiguous, wait_for
@@ -58,6 +60,19 @@ def history_end(record: dict) -> int:
     return last["firstSample"] + last["globalBatch"] * last["steps"]
 
 
+def metrics_port_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(launch.METRICS_PORT.encode() + b"=")).split(b"=")[1])
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited process its parent has not reaped yet holds nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def left_over(run_dir: Path) -> list[str]:
     return [str(p) for p in run_dir.rglob("*.tmp")]
 
@@ -83,14 +98,19 @@ def test_a_run_directory_belongs_to_one_run_at_a_time(tmp_path):
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert f"--run-dir {run_dir.resolve()} is in use by another lbctl run (pid {first.pid})" in second.stderr
         assert record_of(run_dir)["sessions"] == 1  # the second never touched the record
-        first.send_signal(signal.SIGINT)
-        assert first.wait(timeout=120) == 130
+        first.send_signal(signal.SIGTERM)  # as `kill` or a process supervisor stops it: like Ctrl-C
+        assert first.wait(timeout=120) == 128 + signal.SIGTERM
+        assert record_of(run_dir)["sessionLog"][-1]["outcome"] == "stopped"
     finally:
         kill_tree(first.pid)
-    # The lock went with the first run: the same command now resumes.
+    # The lock went with the first run: the same command now resumes, and clears what a writer killed
+    # mid-write would have left.
+    stale = run_dir / "checkpoints" / ".ckpt-0000000999.pt.12345.tmp"
+    stale.write_bytes(b"half a checkpoint")
     resumed = start_lbctl(job, run_dir)
     try:
         wait_for(lambda: record_of(run_dir)["sessions"] == 2, what="the second session to start")
+        assert not stale.exists()
         resumed.send_signal(signal.SIGINT)
         resumed.wait(timeout=120)
     finally:
@@ -120,6 +140,7 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
     try:
         wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2, timeout=180, what="two nodes training")
         workers = wait_for(lambda: len(w := trainer_workers(job)) == 2 and w, what="both workers")
+        ports = sorted(metrics_port_of(pid) for pid in workers.values())
         os.kill(parent_of(workers[1]), signal.SIGKILL)  # rank 1's torchrun agent
         # Its worker dies with it (no orphan holding rank 1), and the runner replaces the node.
         wait_for(lambda: not Path(f"/proc/{workers[1]}").exists(), timeout=30, what="the agent's worker to die")
@@ -128,6 +149,8 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
                  what="a new node in the group")  # fmt: skip
         step = stepping(run_dir)
         stepping(run_dir, step + 20)  # and the group trains again
+        # The new node serves metrics where the lost one did (a scrape config keeps finding it).
+        assert sorted(metrics_port_of(pid) for pid in trainer_workers(job).values()) == ports
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=120) == 130
     finally:
@@ -156,6 +179,8 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_record(tmp_path, tmp
     assert runner.returncode in (1, 2), text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert "No space left on device" in text or "a full disk does this" in text, text[-3000:]
+    error = next(line for line in text.splitlines() if line.startswith("error:"))
+    assert str(run_dir) in error, text[-3000:]  # the message names the file that could not be written
     assert (run_dir / "run.json").read_text() == before or record_of(run_dir)["sessions"] == 1
     assert left_over(run_dir) == []
     assert trainer_workers(job) == {}
@@ -196,8 +221,21 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
         assert family
         runner.kill()
         runner.wait(timeout=30)
-        wait_for(lambda: not [pid for pid in family if Path(f"/proc/{pid}").exists()], timeout=60,
-                 what="every agent and worker to end with lbctl")  # fmt: skip
+        # The agents hold the folder's lock with lbctl: it stays taken until the last of them is gone.
+        refusals = []
+
+        def claimed() -> int | None:
+            try:
+                return rundir.claim(run_dir)
+            except rundir.RunDirError as exc:
+                refusals.append(str(exc))
+                return None
+
+        lock = wait_for(claimed, timeout=60, what="the run directory to be free")
+        still_running = [pid for pid in family if running(pid)]
+        os.close(lock)
+        assert still_running == [] and refusals, (still_running, refusals)
+        assert f"lbctl run pid {runner.pid}, which has ended: they are stopping" in " ".join(refusals[0].split())
     finally:
         kill_tree(runner.pid)
     # SIGHUP (the terminal closed) stops the run as Ctrl-C does.

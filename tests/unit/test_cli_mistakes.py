@@ -6,6 +6,7 @@ place the job, and text that would be taken for rich markup."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import yaml
@@ -96,8 +97,9 @@ def test_the_largest_ramp_plans_at_once(tmp_path):
         (["--slots", "1"], "--slots: this machine holds 1 node(s) but workers.min is 2"),
         (["--metrics-port", "70000"], "Invalid value for '--metrics-port'"),
         (["--restart-cost", "inf"], "must be a finite number"),
+        (["--metrics-port", "65535"], "metrics port 65535: the local run serves metrics on"),
     ],
-    ids=["empty-capacity", "capacity-below-min", "slots-below-min", "port", "infinite-flag"],
+    ids=["empty-capacity", "capacity-below-min", "slots-below-min", "port", "infinite-flag", "ports-past-65535"],
 )
 def test_flags_that_could_never_work_are_refused_before_any_node_starts(tmp_path, args, said):
     job = job_file(tmp_path, set_in("workers.min", 2) if "--slots" in args else None)
@@ -106,15 +108,25 @@ def test_flags_that_could_never_work_are_refused_before_any_node_starts(tmp_path
     assert not run_dir.exists()  # nothing started, nothing written
 
 
-def test_plot_into_a_missing_folder_is_an_error(tmp_path):
+def test_plot_into_a_missing_or_unwritable_folder_is_an_error(tmp_path):
     refused(lbctl("plan", str(job_file(tmp_path)), "--plot", str(tmp_path / "no" / "plan.png")),
             f"--plot: the folder {tmp_path / 'no'} does not exist")  # fmt: skip
+    (tmp_path / "a-dir.png").mkdir()  # a path that cannot be written, even as root
+    refused(lbctl("plan", str(job_file(tmp_path)), "--plot", str(tmp_path / "a-dir.png")),
+            f"--plot {tmp_path / 'a-dir.png'}: Is a directory")  # fmt: skip
+
+
+def test_a_path_with_brackets_is_printed_as_it_is(tmp_path):
+    plot = tmp_path / "[red]plan.png"
+    result = lbctl("plan", str(job_file(tmp_path)), "--plot", str(plot))
+    assert result.returncode == 0, result.stderr
+    assert f"Plot written to {plot}" in " ".join(result.stdout.split()), result.stdout
 
 
 @pytest.mark.parametrize(
     ("task", "said"),
     [
-        ({"entrypoint": "no_such_module:build"}, "cannot be loaded: No module named 'no_such_module'"),
+        ({"entrypoint": "no_such_module:build"}, "ModuleNotFoundError: No module named 'no_such_module'"),
         ({"entrypoint": "largebatch_trainer.tasks:no_such_task"}, "has no attribute 'no_such_task'"),
         (
             {"entrypoint": "largebatch_trainer.tasks:linreg", "args": {"dimension": 8}},
@@ -136,4 +148,26 @@ def test_a_task_that_cannot_load_is_answered_before_any_node_starts(tmp_path, ta
     run_dir = tmp_path / "run"
     result = lbctl("run", str(job_file(tmp_path, change)), "--local", "--run-dir", str(run_dir))
     refused(result, said)
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("raise RuntimeError('no GPU driver [here]')", "cannot be loaded: RuntimeError: no GPU driver [here]"),
+        ("def build(:\n    pass", "cannot be loaded: SyntaxError"),
+        (
+            "from largebatch_trainer.tasks import Task, linreg\n"
+            "def build():\n    task = linreg(samples=64)\n    task.dataset = iter(task.dataset)\n    return task",
+            "returned a dataset without a length",
+        ),
+    ],
+    ids=["raises-on-import", "syntax-error", "iterable-dataset"],
+)
+def test_a_task_module_that_fails_its_own_way_is_answered_in_one_message(tmp_path, source, said):
+    (tmp_path / "user_task.py").write_text(source)
+    job = job_file(tmp_path, set_in("task", {"entrypoint": "user_task:build"}))
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    run_dir = tmp_path / "run"
+    refused(lbctl("run", str(job), "--local", "--run-dir", str(run_dir), env=env), said)
     assert not run_dir.exists()

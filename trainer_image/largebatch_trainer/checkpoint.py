@@ -38,7 +38,10 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int) -> Path
     final = path_for(directory, step)
     digest = _write_atomically(final, lambda handle: torch.save(payload, handle))
     _write_atomically(manifest_for(final), lambda handle: handle.write(json.dumps(digest).encode()))
-    for old in all_checkpoints(directory)[:-keep]:
+    # Checkpoints of later steps belong to a history this run abandoned (it resumed before them because
+    # they were damaged): they go, or they would count among the `keep` newest and push out this one.
+    current = [p for p in all_checkpoints(directory) if p <= final]
+    for old in [p for p in all_checkpoints(directory) if p > final] + current[:-keep]:
         manifest_for(old).unlink(missing_ok=True)
         old.unlink(missing_ok=True)
     return final

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from largebatch import jobfile, launch
-from largebatch_trainer.lifeline import die_with_parent
+from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
 from largebatch_trainer.progress import make_sink
 
 
@@ -41,7 +41,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # A rank outliving its agent would hold up the group that replaces it: die with the agent.
-        die_with_parent(signal.SIGKILL)
+        die_with_parent(signal.SIGKILL, parent_from(AGENT_PID))
     args = parse(argv)
     try:
         job = jobfile.load(args.job)

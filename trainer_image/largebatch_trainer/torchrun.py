@@ -19,10 +19,10 @@ from torch.distributed import run
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher
 
-from largebatch_trainer.lifeline import die_with_parent
+from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
 
 EXIT_BARRIER_SECONDS = float(os.environ.get("LARGEBATCH_EXIT_BARRIER_SECONDS", "10"))
-# Set by `lbctl run --local` only: a user's own torchrun under nohup must outlive its shell.
+# The runner's pid, set by `lbctl run --local` only: a user's own torchrun under nohup must outlive its shell.
 DIE_WITH_PARENT = "LARGEBATCH_AGENT_DIES_WITH_PARENT"
 
 
@@ -37,7 +37,8 @@ class Agent(LocalElasticAgent):
 def main() -> None:
     if os.environ.get(DIE_WITH_PARENT):
         # The local runner hosts the rendezvous store: an agent that outlived it could only fail later.
-        die_with_parent(signal.SIGTERM)
+        die_with_parent(signal.SIGTERM, parent_from(DIE_WITH_PARENT))
+    os.environ[AGENT_PID] = str(os.getpid())  # the workers' parent, for their own lifeline
     # torchrun builds its agent through this module's name; there is no other way to pass the timeout.
     launcher.LocalElasticAgent = Agent
     run.main()

@@ -26,11 +26,13 @@ class NodeSettings:
     device: str
     threads: int
     metrics_port: int  # of node 0's local rank 0; 0 disables
+    lock_fd: int  # the run directory's lock (local.rundir), shared with every agent
 
 
 @dataclass
 class Node:
     index: int
+    slot: int  # the lowest not taken by a live node: its metrics ports (a replacement node reuses them)
     process: subprocess.Popen
     log: Path
     started: float = field(default_factory=time.monotonic)
@@ -40,14 +42,14 @@ class Node:
         return self.process.poll() is None
 
 
-def start_node(settings: NodeSettings, index: int) -> Node:
+def start_node(settings: NodeSettings, index: int, slot: int) -> Node:
     spec = settings.spec
     logs = settings.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"node-{index}.log"
     rendezvous = launch.Rendezvous(f"127.0.0.1:{settings.rendezvous_port}", settings.run_id)
     command = launch.torchrun_args(spec, str(settings.job_path), rendezvous, python=sys.executable)
-    port = settings.metrics_port + index * spec.workers.devices_per_worker if settings.metrics_port else 0
+    port = metrics_port(settings.metrics_port, slot, spec.workers.devices_per_worker)
     env = os.environ | launch.trainer_env(
         checkpoint_dir=str(settings.run_dir / "checkpoints"),
         metrics_port=port,
@@ -56,11 +58,19 @@ def start_node(settings: NodeSettings, index: int) -> Node:
         device=settings.device,
     )
     env["OMP_NUM_THREADS"] = str(settings.threads)
-    env["LARGEBATCH_AGENT_DIES_WITH_PARENT"] = "1"  # nothing trains on once the runner is gone
+    env["LARGEBATCH_AGENT_DIES_WITH_PARENT"] = str(os.getpid())  # nothing trains on once the runner is gone
     with open(log, "ab") as handle:
         # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Node(index, process, log)
+        # The agent holds the run directory's lock with us: if we are killed, the folder stays taken until
+        # the agent has stopped its workers (they checkpoint as they stop).
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   pass_fds=(settings.lock_fd,))  # fmt: skip
+    return Node(index, slot, process, log)
+
+
+def metrics_port(base: int, slot: int, devices_per_worker: int) -> int:
+    """Local rank 0's metrics port on the node in `slot` (local rank r serves on this + r); 0 disables."""
+    return base + slot * devices_per_worker if base else 0
 
 
 def last_error(node: Node, lines: int = 3) -> str:

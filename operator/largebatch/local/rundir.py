@@ -1,6 +1,7 @@
 """The run directory of `lbctl run --local` belongs to one run at a time: an exclusive `flock` on
 `RUN_DIR/lock`, which the kernel drops however the process ends (no stale lock after a SIGKILL), and
-the holder's pid inside it for the message a second run gets."""
+the holder's pid inside it for the message a second run gets. The runner hands the lock to its torchrun
+agents too, so a runner that is killed leaves the folder taken until its agents and their workers are gone."""
 
 from __future__ import annotations
 
@@ -26,13 +27,19 @@ def claim(run_dir: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        holder = os.read(fd, 32).decode(errors="replace").strip()
         os.close(fd)
-        raise RunDirError(f"--run-dir {run_dir} is in use by another lbctl run (pid {holder}): wait for it to end, "
-                          "stop it, or pick another --run-dir") from None  # fmt: skip
+        if holder.isdigit() and not Path(f"/proc/{holder}").exists():
+            why = (f"is still held by the nodes of lbctl run pid {holder}, which has ended: they are stopping (and "
+                   "checkpointing); try again in a minute")  # fmt: skip
+        else:
+            why = (f"is in use by another lbctl run (pid {holder or 'unknown'}): wait for it to end, stop it, or pick "
+                   "another --run-dir")  # fmt: skip
+        raise RunDirError(f"--run-dir {run_dir} {why}") from None
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Fixed width, written over the old pid in one write: a reader never sees it half-replaced.
+        os.pwrite(fd, f"{os.getpid():>10}\n".encode(), 0)
+        os.ftruncate(fd, 11)
     except OSError as exc:
         os.close(fd)
         raise RunDirError(f"--run-dir {run_dir}: {exc.strerror}") from None

@@ -65,6 +65,8 @@ class LocalRun:
         self.job_path = job_path.resolve()
         self.run_dir = options.run_dir.resolve()
         self.lock = claim(self.run_dir)
+        for stale in self.run_dir.rglob(".*.tmp"):  # left by a writer that was killed; the folder is ours now
+            stale.unlink(missing_ok=True)
         self.progress_file = self.run_dir / "progress.json"
         self.state = _load_state(self.run_dir / "run.json")
         self.state.sessions += 1
@@ -98,6 +100,7 @@ class LocalRun:
             device=self.options.device,
             threads=max(1, (os.cpu_count() or 1) // max(1, self.options.slots * self.spec.workers.devices_per_worker)),
             metrics_port=self.options.metrics_port,
+            lock_fd=self.lock,
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         started = self.started = time.monotonic()
@@ -215,7 +218,8 @@ class LocalRun:
             self.generation += 1
         while len(self.nodes) < decision.workers:
             settings = dataclasses.replace(self.settings, run_id=f"{self.settings.run_id}-{self.generation}")
-            self.nodes.append(start_node(settings, self.next_index))
+            slot = min(set(range(len(self.nodes) + 1)) - {node.slot for node in self.nodes})
+            self.nodes.append(start_node(settings, self.next_index, slot))
             self.next_index += 1
         while len(self.nodes) > decision.workers:
             stop_node(self.nodes.pop())

@@ -42,8 +42,8 @@ def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
     module_name, _, attribute = entrypoint.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"task.entrypoint {entrypoint!r} cannot be loaded: {exc}") from None
+    except Exception as exc:  # ImportError, AttributeError, or whatever the module raises as it loads
+        raise SystemExit(f"task.entrypoint {entrypoint!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
     torch.manual_seed(seed)
     try:
         task = factory(**args)
@@ -53,6 +53,9 @@ def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
         ) from None
     if not isinstance(task, Task):
         raise SystemExit(f"task.entrypoint {entrypoint!r} returned {type(task).__name__}, not a Task")
+    if not hasattr(task.dataset, "__len__"):
+        raise SystemExit(f"task.entrypoint {entrypoint!r} returned a dataset without a length: the trainer needs a "
+                         "map-style dataset (__len__ and __getitem__)")  # fmt: skip
     if len(task.dataset) == 0:
         raise SystemExit(f"task.entrypoint {entrypoint!r} built an empty dataset from task.args {args!r}")
     return task
