@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from largebatch import controller, jobfile, plan_report, timestamps
+from largebatch import controller, jobfile, plan_report, sweep, timestamps
 from largebatch.api import LargeBatchJob
 
 app = typer.Typer(
@@ -41,6 +42,11 @@ def _fail(message: object, code: int = 2) -> typer.Exit:
     """Say `message` on stderr as it is (never taken for markup), and the exit to raise with `code`."""
     errors.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _check_folder(flag: str, path: Path) -> None:
+    if not path.parent.is_dir():
+        raise _fail(f"{flag}: the folder {path.parent} does not exist; create it or pick another path")
 
 
 def _load(path: Path):
@@ -69,8 +75,8 @@ def plan(
 ) -> None:
     """Show the schedule a job will follow: batch, LR, workers and steps per phase."""
     manifest = _load(job)
-    if plot is not None and not plot.parent.is_dir():
-        raise _fail(f"--plot: the folder {plot.parent} does not exist; create it or pick another path")
+    if plot is not None:
+        _check_folder("--plot", plot)
     spec = manifest.spec
     result = plan_report.report(spec, capacity=workers, noise_scale=noise_scale)
     if plot is not None:
@@ -217,6 +223,132 @@ def run(
         console.print("Stopped. Run the same command again to resume from the last checkpoint in "
                       f"{escape(str(runner.run_dir))}.")  # fmt: skip
     raise typer.Exit(code)
+
+
+@app.command("coord-check")
+def coord_check(
+    job: JobPath,
+    widths: Annotated[str, typer.Option(help="Widths (task.args.width) to compare.")] = "64,128,256,512",
+    steps: Annotated[int, typer.Option(min=1, max=50, help="Training steps at each width.")] = 5,
+    out: Annotated[Path, typer.Option(help="The picture (PNG); the table goes beside it as JSON.")] = Path("coord.png"),
+) -> None:
+    """μP's coordinate check: the mean |output| of every layer over the first training steps, at each width.
+    Flat lines mean updates keep their size as the model widens (μP); rising ones mean they do not."""
+    manifest = _load(job)
+    try:
+        width_list = sweep.parse_widths(widths)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    _check_folder("--out", out)
+    from largebatch_trainer import coord_check as check
+
+    try:
+        table = check.measure(manifest.spec, width_list, steps)
+    except SystemExit as exc:  # the task refused a width
+        raise _fail(exc) from None
+    table_path = out.with_suffix(".json")
+    table_path.write_text(json.dumps(table, indent=1))
+    check.plot(table, out, title=f"{manifest.metadata.name}: coordinate check")
+    rows = Table(title=f"Mean |output| at step {steps}", box=box.SIMPLE_HEAD, pad_edge=False)
+    rows.add_column("Layer")
+    for width in width_list:
+        rows.add_column(f"width {width}", justify="right")
+    rows.add_column(f"×{width_list[-1] // width_list[0]} width", justify="right")
+    for layer, by_width in table["layers"].items():
+        last = [by_width[w][-1] for w in width_list]
+        growth = f"{last[-1] / last[0]:.2f}×" if last[0] else "–"
+        rows.add_row(escape(layer), *(f"{v:.4g}" for v in last), growth)
+    console.print(rows)
+    console.print(f"Picture {escape(str(out))}, table {escape(str(table_path))}")
+
+
+@app.command("sweep")
+def sweep_command(
+    job: JobPath,
+    widths: Annotated[str, typer.Option(help="Proxy widths (task.args.width), e.g. 64,256.")],
+    lr: Annotated[str, typer.Option("--lr", help="Learning rates: LOW:HIGH:N (log-spaced) or A,B,C.")],
+    local: Annotated[bool, typer.Option("--local", help="Run the proxies on this machine (required).")] = False,
+    parallel: Annotated[int, typer.Option(min=1, max=64, help="Proxy runs at a time.")] = 1,
+    samples: Annotated[
+        int | None, typer.Option(min=1, help="Samples per proxy run (default: schedule.totalSamples).")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option(help="Where the runs and results go (default: runs/sweep-NAME).")
+    ] = None,
+    apply: Annotated[
+        Path | None, typer.Option(help="Write the job with the LR found at the widest proxy width here.")
+    ] = None,
+) -> None:
+    """μTransfer's LR sweep: short proxy runs at a few widths over a grid of learning rates, the final loss of
+    each, the best LR per width, and (--apply) the job with that LR. Stopped sweeps resume."""
+    if not local:
+        raise _fail("sweeps run on this machine for now: pass --local")
+    manifest = _load(job)
+    try:
+        width_list, lrs = sweep.parse_widths(widths), sweep.parse_grid(lr)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    if apply is not None:
+        _check_folder("--apply", apply)
+    document = jobfile.read_document(job)
+    runs = sweep.trials(manifest.metadata.name, width_list, lrs)
+    for trial in runs[:: len(lrs)]:  # each width once: a proxy the API would refuse fails here, not later
+        try:
+            LargeBatchJob.model_validate(sweep.proxy_document(document, trial, samples))
+        except ValueError as exc:
+            raise _fail(f"the proxy at width {trial.width} is not a valid job:\n{jobfile.describe(exc)}") from None
+    from largebatch_trainer.tasks import load_task
+
+    spec = manifest.spec
+    try:  # once, in seconds, rather than as many failed runs
+        load_task(spec.task.entrypoint, dict(spec.task.args) | {"width": width_list[0]}, spec.task.seed)
+    except SystemExit as exc:
+        raise _fail(exc) from None
+    root = out_dir or Path("runs") / f"sweep-{manifest.metadata.name}"
+    console.print(f"{len(runs)} proxy runs ({len(width_list)} widths × {len(lrs)} LRs), {parallel} at a time, in "
+                  f"{escape(str(root))}")  # fmt: skip
+
+    def done(o: sweep.Outcome) -> None:
+        loss = f"{o.loss:.4f}" if o.loss is not None else o.status
+        console.print(f"  width {o.trial.width:>5}  lr {o.trial.lr:.3g}: {loss}", highlight=False)
+
+    outcomes = sweep.run_all(document, runs, root, parallel, samples, done)
+    found = sweep.best(outcomes)
+    (root / "results.json").write_text(json.dumps({
+        "runs": [o.to_json() for o in outcomes],
+        "best": {str(w): o.trial.lr for w, o in found.items()},
+    }, indent=1))  # fmt: skip
+    sweep.plot(outcomes, root / "sweep.png", title=f"{manifest.metadata.name}: final loss against LR")
+    console.print(_sweep_table(outcomes, width_list, lrs, found))
+    console.print(f"Results {escape(str(root / 'results.json'))}, plot {escape(str(root / 'sweep.png'))}")
+    if len(found) < len(width_list):
+        raise _fail(f"no proxy run finished at width(s) {sorted(set(width_list) - set(found))}: see the logs in "
+                    f"{root}", code=1)  # fmt: skip
+    if apply is not None:
+        chosen = found[width_list[-1]]
+        apply.write_text(yaml.safe_dump(sweep.transferred(document, chosen.trial.lr), sort_keys=False))
+        target = spec.task.args.get("width", "the task's default")
+        console.print(f"LR {chosen.trial.lr:.4g} (best at width {width_list[-1]}) written for width {target} to "
+                      f"{escape(str(apply))}")  # fmt: skip
+        if spec.task.args.get("parametrization") != "mup":
+            console.print("[yellow]note:[/] under the standard parametrization the best LR moves with width; "
+                          "set task.args.parametrization: mup for an LR that transfers")  # fmt: skip
+
+
+def _sweep_table(outcomes: list[sweep.Outcome], widths: list[int], lrs: list[float], found: dict) -> Table:
+    table = Table(title="Final loss (* best at its width)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("LR", justify="right")
+    for width in widths:
+        table.add_column(f"width {width}", justify="right")
+    by = {(o.trial.width, o.trial.lr): o for o in outcomes}
+    for rate in lrs:
+        cells = []
+        for width in widths:
+            o = by[(width, rate)]
+            mark = "*" if found.get(width) is o else ""
+            cells.append(f"{o.loss:.4f}{mark}" if o.loss is not None else o.status)
+        table.add_row(f"{rate:.3g}", *cells)
+    return table
 
 
 def _summary(result: dict, json_path: Path, png_path: Path) -> None:

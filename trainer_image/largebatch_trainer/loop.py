@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from largebatch import report, schedule, timestamps
+from largebatch import launch, report, schedule, timestamps
 from largebatch.api import LargeBatchJob, PlanStatus, ProgressStatus
 from largebatch_trainer import checkpoint, noise, optim
 from largebatch_trainer.data import SampleStream
@@ -38,6 +39,10 @@ class Options:
     metrics_port: int | None = None
     sink: Sink | None = None
     report_seconds: float = 2.0
+
+
+class DivergenceError(ArithmeticError):
+    """The loss became NaN or infinite: every later step would only spread it."""
 
 
 class _Norms:
@@ -130,6 +135,14 @@ class Trainer:
             return
         if state is None:
             state = checkpoint.load(self.options.checkpoint_dir / chosen[0])
+        saved, ours = optim.layout(state["optimizer"]["param_groups"]), optim.layout(self.optimizer.param_groups)
+        if saved != ours:
+            raise SystemExit(
+                f"checkpoint {self.options.checkpoint_dir / chosen[0]} holds optimizer groups {saved} (parameters, "
+                f"μP LR scale) and this job's model has {ours}: task.args (parametrization, baseWidth or the "
+                "model's shape) changed since it was written. Resume with the task.args it was written with, "
+                "or set checkpoint.path to a new directory to start afresh"
+            )
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = schedule.Progress(**state["progress"])
@@ -248,6 +261,11 @@ class Trainer:
         if pending is not None:
             pending.wait()
         loss_total, small_sq, inverse_sizes, smalls, stop, consumed = stats.tolist()  # the step's one host sync
+        if not math.isfinite(loss_total):  # every rank sees the same all-reduced loss, so all stop here
+            raise DivergenceError(
+                f"{launch.DIVERGED}: the loss of step {self.progress.step + 1} is {loss_total / batch} (lr "
+                f"{plan.lr:.4g}, global batch {batch}): lower optimizer.lr or lengthen schedule.warmupSamples"
+            )
         if smalls >= 2:  # at least two small batches: the estimators are defined
             b_small = smalls / inverse_sizes
             if b_small < batch:

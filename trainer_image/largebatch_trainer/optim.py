@@ -18,6 +18,13 @@ differences remain, both the library's: its trust ratio divides by ‖r‖ + ε(
 paper's units (negligible beside ‖r‖), and a weight with zero norm gets a trust ratio of 1, as the
 reference implementations do, where the paper's φ(0) = 0 would never move it (that one step is then
 the paper's r times (1−β₁ᵗ)/√(1−β₂ᵗ); docs/trainer.md).
+
+μP (a model whose parameters carry mup's `infshape`, from `mup.set_base_shapes`): each group gets μP's
+learning-rate multiplier, kept as `lr_scale` because `set_lr` sets every group's LR each step. The rule
+is mup's own: `MuAdam`'s for the entrywise-normalised optimizers (AdamW, and LAMB, whose direction is
+Adam's), `MuSGD`'s for the SGD-like ones (SGD, and LARS, whose direction is SGD's), as mup documents for
+optimizers of either kind; weight decay is scaled the other way, as mup does, so a decoupled decay's
+lr × λ is what it was at the base width.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from __future__ import annotations
 import math
 
 import torch
+from mup.optim import MuAdam, MuSGD
 from pytorch_optimizer import LARS, Lamb
 
 from largebatch.api import OptimizerSpec
 
 MOMENTUM_FORM = {"sgd": "gradient", "adamw": "gradient", "lamb": "gradient", "lars": "gradient"}
+# Which of mup's per-layer rules each optimizer follows under μP (docs/trainer.md says why).
+MUP_RULE = {"sgd": MuSGD, "adamw": MuAdam, "lamb": MuAdam, "lars": MuSGD}
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -45,6 +55,8 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     groups = parameter_groups(model, spec.weight_decay)
+    if is_mup(model):
+        groups = mup_groups(spec.name, groups)
     betas = tuple(spec.betas)
     if spec.name == "sgd":
         optimizer = torch.optim.SGD(_plain(groups), lr=spec.lr, momentum=spec.momentum)
@@ -60,6 +72,25 @@ def build(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     return optimizer
 
 
+def is_mup(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "infshape") for p in model.parameters())
+
+
+def mup_groups(name: str, groups: list[dict]) -> list[dict]:
+    """`groups` split by μP's per-layer rule for optimizer `name`, each with its `lr_scale`. mup's
+    optimizers hand their groups to the optimizer class they are given: here to one that returns them."""
+    split = MUP_RULE[name](groups, impl=lambda new_groups, **_: new_groups, lr=1.0)
+    for group in split:
+        group["lr_scale"] = group.pop("lr")
+    return [group for group in split if group["params"]]
+
+
+def layout(param_groups: list[dict]) -> list[tuple[int, float]]:
+    """Each group's parameter count and μP LR scale: what an optimizer state must match to be loaded.
+    torch checks only the counts, and would take a checkpoint's LR scales for this model's groups."""
+    return [(len(g["params"]), g.get("lr_scale", 1.0)) for g in param_groups]
+
+
 def _plain(groups: list[dict]) -> list[dict]:
     return [{k: v for k, v in g.items() if k != "adam"} for g in groups]
 
@@ -67,7 +98,7 @@ def _plain(groups: list[dict]) -> list[dict]:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set the LR of the coming step (and, for LAMB, the paper's bias corrections for that step)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
         if isinstance(optimizer, Lamb):
             t = group.get("step", 0) + 1  # Lamb increments the step before using it
             beta1, beta2 = group["betas"]
@@ -75,4 +106,4 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
             group["eps"] = group["base_eps"] * math.sqrt(bc2)
             group["weight_decay"] = group["base_weight_decay"] * bc1 / math.sqrt(bc2)
             if group["adam"]:
-                group["lr"] = lr * math.sqrt(bc2) / bc1
+                group["lr"] *= math.sqrt(bc2) / bc1

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from largebatch import controller, report, schedule
+from largebatch import controller, launch, report, schedule
 from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node, stop_nodes
 from largebatch.local.rundir import claim
@@ -175,6 +175,8 @@ class LocalRun:
             said = last_error(node)
             self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}"
                                + (f"\n{said}" if said else ""))  # fmt: skip
+            if launch.DIVERGED in said:
+                raise RunFailed(f"{said}\nfull log: {node.log}")
             step = self.status.step or 0
             self.failures = self.failures + 1 if step == self.step_at_failure else 1
             self.step_at_failure = step

@@ -1,0 +1,93 @@
+"""μP for the built-in language model: the model mup sees (width dimensions marked, zero readout, 1/d
+attention, fan-in initialisation), the per-layer learning rates each optimizer gets from mup's rules,
+and what is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from largebatch.api import OptimizerSpec
+from largebatch_trainer import optim
+from largebatch_trainer.tasks import load_task, pylm
+
+ARGS = {"depth": 1, "heads": 2, "context": 8, "parametrization": "mup", "baseWidth": 16}
+
+
+def mup_model(width: int) -> torch.nn.Module:
+    return pylm(width=width, **ARGS).model
+
+
+def test_the_mup_model_marks_its_widths_and_starts_the_mup_way():
+    model = mup_model(64)
+    shapes = {name: p.infshape for name, p in model.named_parameters()}
+    assert shapes["blocks.0.qkv.weight"].ninf() == 2 and shapes["blocks.0.qkv.weight"].width_mult() == 4
+    assert shapes["tokens.weight"].ninf() == 1 and shapes["head.weight"].ninf() == 1
+    assert torch.count_nonzero(model.head.weight) == 0  # readout starts at zero
+    assert model.blocks[0].attention_scale == pytest.approx(math.sqrt(16 / 2) / (64 / 2))  # 1/d, = 1/√d at base
+    # Hidden matrices narrow with fan-in (std 0.02 / √4 here), embeddings keep theirs.
+    assert model.blocks[0].qkv.weight.std().item() == pytest.approx(0.01, rel=0.1)
+    assert model.tokens.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_the_standard_model_is_untouched_by_mup():
+    model = pylm(width=64, depth=1, heads=2, context=8).model
+    assert not optim.is_mup(model)
+    assert model.blocks[0].attention_scale is None and type(model.head) is torch.nn.Linear
+    spec = OptimizerSpec.model_validate({"name": "adamw", "lr": 0.01, "weightDecay": 0.1})
+    assert len(optim.build(spec, model).param_groups) == 2
+
+
+def groups_by_parameter(name: str, width: int) -> dict[str, dict]:
+    model = mup_model(width)
+    spec = OptimizerSpec.model_validate({"name": name, "lr": 0.01, "weightDecay": 0.1})
+    optimizer = optim.build(spec, model)
+    optim.set_lr(optimizer, 0.01)
+    return {
+        n: g for n, p in model.named_parameters() for g in optimizer.param_groups if any(p is q for q in g["params"])
+    }
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_adam_family_hidden_matrices_learn_slower_as_width_grows(name):
+    """mup's MuAdam rule: LR of matrix-like parameters ÷ width multiplier, decay × it; the rest as given."""
+    groups = groups_by_parameter(name, 64)  # 4 x the base width
+    hidden, embedding, norm = groups["blocks.0.mlp.0.weight"], groups["tokens.weight"], groups["ln.weight"]
+    assert hidden["lr_scale"] == 0.25 and embedding["lr_scale"] == norm["lr_scale"] == 1.0
+    assert hidden["base_weight_decay"] == pytest.approx(0.4) and norm["base_weight_decay"] == 0.0
+    if name == "adamw":
+        assert hidden["lr"] == pytest.approx(0.0025) and embedding["lr"] == pytest.approx(0.01)
+    else:  # LAMB's first step also carries the paper's bias corrections (optim.set_lr), on top of the scale
+        assert hidden["lr"] == pytest.approx(0.0025) and norm["lr"] == pytest.approx(0.01 * math.sqrt(1 - 0.999) / 0.1)
+
+
+@pytest.mark.parametrize("name", ["sgd", "lars"])
+def test_sgd_family_vectors_learn_faster_as_width_grows(name):
+    """mup's MuSGD rule: LR of vector-like parameters × width multiplier, square matrices as given."""
+    groups = groups_by_parameter(name, 64)
+    assert groups["tokens.weight"]["lr_scale"] == groups["head.weight"]["lr_scale"] == 4.0
+    assert groups["blocks.0.qkv.weight"]["lr_scale"] == 1.0  # fan-in and fan-out grow alike
+    assert groups["tokens.weight"]["lr"] == pytest.approx(0.04)
+
+
+def test_mup_scales_survive_an_optimizer_checkpoint():
+    model = mup_model(64)
+    spec = OptimizerSpec.model_validate({"name": "adamw", "lr": 0.01})
+    saved = optim.build(spec, model).state_dict()
+    restored = optim.build(spec, model)
+    restored.load_state_dict(saved)
+    assert sorted(g["lr_scale"] for g in restored.param_groups) == [0.25, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ({"parametrization": "ntk"}, "task.args.parametrization 'ntk': use one of standard, mup"),
+        ({"parametrization": "mup", "baseWidth": 15}, "baseWidth (15) must be a multiple of heads (2)"),
+    ],
+)
+def test_what_does_not_make_a_model_is_refused_with_the_argument(args, said):
+    with pytest.raises(SystemExit, match=said.replace("(", r"\(").replace(")", r"\)")):
+        load_task("largebatch_trainer.tasks:pylm", {"width": 32, "depth": 1, "heads": 2, "context": 8} | args, seed=0)
