@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[trainer,dev]"
+	$(PY) -m pip install --quiet -e ".[trainer,digits,dev]"
 	touch $@
 
 venv: $(STAMP)

@@ -89,13 +89,14 @@ def job_for(name: str, seed: int, samples: int, scaling: str, multiplier: float 
     return job
 
 
-def run(job: dict, workdir: Path) -> dict:
+def run(job: dict, workdir: Path, slots: int = 1) -> dict:
+    """`lbctl run --local` of `job` in `workdir`, its run.json. Each node gets cores / `slots` threads."""
     name = job["metadata"]["name"]
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     run_dir = workdir / name
     command = [sys.executable, "-m", "largebatch", "run", str(path), "--local", "--run-dir", str(run_dir)]
-    command += ["--metrics-port", "0", "--slots", "1"]
+    command += ["--metrics-port", "0", "--slots", str(slots)]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:

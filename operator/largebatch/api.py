@@ -295,6 +295,11 @@ class BatchSpec(_Model):
     """Largest global batch the policy may reach."""
     micro_batch_per_device: int = Field(ge=1)
     """Largest micro-batch one device holds; gradient accumulation covers the rest."""
+    bn_batch: int | None = Field(default=None, ge=1)
+    """Samples per BatchNorm batch (Goyal et al.'s n): every micro-batch holds exactly this many samples,
+    whatever the world size and accumulation, so the BN statistics of a step do not depend on how many
+    workers run it. The batch policy keeps every batch a multiple of it (rounding down). Unset: the
+    micro-batch follows microBatchPerDevice and the split."""
     policy: PolicySpec = _sub(PolicySpec)
     """The batch policy."""
 
@@ -344,7 +349,60 @@ class BatchSpec(_Model):
             lambda s: f"max={s.max:,}, microBatchPerDevice={s.micro_batch_per_device:,}",
             ".max",
         ),
+        Rule(
+            "!has(self.bnBatch) || (self.initial % self.bnBatch == 0 && self.max % self.bnBatch == 0)",
+            "batch.initial and batch.max must be multiples of batch.bnBatch (every micro-batch holds exactly "
+            "bnBatch samples): round them to a multiple or pick a bnBatch that divides both",
+            lambda s: s.bn_batch is None or (s.initial % s.bn_batch == 0 and s.max % s.bn_batch == 0),
+            lambda s: f"initial={s.initial}, max={s.max}, bnBatch={s.bn_batch}",
+            ".bnBatch",
+        ),
+        Rule(
+            "!has(self.bnBatch) || self.microBatchPerDevice >= self.bnBatch",
+            "batch.microBatchPerDevice must be >= batch.bnBatch (one BN batch is one micro-batch on one "
+            "device): raise microBatchPerDevice or lower bnBatch",
+            lambda s: s.bn_batch is None or s.micro_batch_per_device >= s.bn_batch,
+            lambda s: f"microBatchPerDevice={s.micro_batch_per_device}, bnBatch={s.bn_batch}",
+            ".microBatchPerDevice",
+        ),
+        Rule(
+            f"!has(self.bnBatch) || self.max <= self.bnBatch * {MAX_ACCUMULATION}",
+            f"batch.max must be <= batch.bnBatch x {MAX_ACCUMULATION:,} (with bnBatch every micro-batch holds "
+            "bnBatch samples, and one device takes at most that many accumulation steps): raise bnBatch",
+            lambda s: s.bn_batch is None or s.max <= s.bn_batch * MAX_ACCUMULATION,
+            lambda s: f"max={s.max:,}, bnBatch={s.bn_batch}",
+            ".max",
+        ),
+        Rule(
+            "!has(self.bnBatch) || self.policy.type != 'linearRamp' || !has(self.policy.linearRamp) || "
+            "self.policy.linearRamp.increment % self.bnBatch == 0",
+            "batch.policy.linearRamp.increment must be a multiple of batch.bnBatch (every batch of the ramp "
+            "is then one): pick an increment that bnBatch divides",
+            lambda s: (
+                s.bn_batch is None
+                or s.policy.type != "linearRamp"
+                or s.policy.linear_ramp is None
+                or s.policy.linear_ramp.increment % s.bn_batch == 0
+            ),
+            lambda s: (
+                f"increment={s.policy.linear_ramp.increment if s.policy.linear_ramp else None}, bnBatch={s.bn_batch}"
+            ),
+            ".policy.linearRamp.increment",
+        ),
+        Rule(
+            "!has(self.bnBatch) || self.policy.type != 'criticalBatch' || self.initial >= 2 * self.bnBatch",
+            "batch.policy.type criticalBatch with batch.bnBatch needs batch.initial >= 2 x bnBatch: the "
+            "gradient noise scale is measured from two BN batches a step, and a BN batch is never split",
+            lambda s: s.bn_batch is None or s.policy.type != "criticalBatch" or s.initial >= 2 * s.bn_batch,
+            lambda s: f"initial={s.initial}, bnBatch={s.bn_batch}",
+            ".initial",
+        ),
     )
+
+    @property
+    def micro_batch(self) -> int:
+        """The most samples one micro-batch holds: bnBatch when set, else microBatchPerDevice."""
+        return self.bn_batch or self.micro_batch_per_device
 
 
 # --- optimizer and schedule -----------------------------------------------------------------------
@@ -367,6 +425,11 @@ class OptimizerSpec(_Model):
     exempt."""
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     """Momentum of `sgd` and `lars`."""
+    trust_coefficient: float = Field(default=0.001, gt=0.0, le=1.0)
+    """Trust coefficient of `lars` (the paper's eta): a weight matrix steps lr x trustCoefficient x its norm
+    over its gradient's norm, while bias and norm parameters, which get no trust ratio, step lr x their
+    gradient. With the same lr x trustCoefficient, a larger coefficient gives the weights the same step
+    and bias and norm parameters a smaller one."""
     betas: list[Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
         default_factory=lambda: [0.9, 0.999],
         min_length=2,
@@ -488,6 +551,15 @@ class LargeBatchJobSpec(_Model):
             ".batch.policy.criticalBatch.estimator",
         ),
         Rule(
+            "!has(self.batch.bnBatch) || self.schedule.totalSamples % self.batch.bnBatch == 0",
+            "schedule.totalSamples must be a multiple of batch.bnBatch: the data budget's last step would "
+            "otherwise end in a BN batch of fewer samples, normalised over those few and counted in BatchNorm's "
+            "running statistics: round totalSamples to a multiple",
+            lambda s: s.batch.bn_batch is None or s.schedule.total_samples % s.batch.bn_batch == 0,
+            lambda s: f"totalSamples={s.schedule.total_samples:,}, bnBatch={s.batch.bn_batch}",
+            ".schedule.totalSamples",
+        ),
+        Rule(
             "!has(self.metrics) || !has(self.workers) || self.metrics.port + self.workers.devicesPerWorker <= 65536",
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535 (local rank r serves metrics on "
             "metrics.port + r): lower metrics.port",
@@ -556,8 +628,10 @@ class ProgressStatus(_Model):
     """Training loss of the last step (mean per sample)."""
     eval_loss: float | None = None
     """Held-out loss (mean per sample) of the latest evaluation (`spec.evaluation`)."""
+    eval_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Held-out accuracy of the latest evaluation, as a fraction from 0 to 1 (tasks that classify)."""
     eval_step: int | None = Field(default=None, ge=0)
-    """Step after which `evalLoss` was measured."""
+    """Step after which `evalLoss` (and `evalAccuracy`) was measured."""
     noise_scale: float | None = None
     """Smoothed gradient noise scale B_simple."""
     samples_per_second: float | None = None

@@ -363,6 +363,7 @@ def _summary(result: dict, json_path: Path, png_path: Path) -> None:
         ("wall time", f"{result['wallSeconds']:.0f} s over {result['sessions']} session(s)"),
         ("final loss", f"{result['finalLoss']:.4f}" if result["finalLoss"] is not None else "–"),
         ("held-out loss", f"{result['evalLoss']:.4f}" if result["evalLoss"] is not None else "–"),
+        ("held-out accuracy", f"{result['evalAccuracy']:.1%}" if result.get("evalAccuracy") is not None else "–"),
         ("global batches", " → ".join(f"{b:,}" for b in batches) or "–"),
         ("world sizes", " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or worlds[i - 1] != w) or "–"),
         ("rescales", str(len(result["rescales"]))),
@@ -540,6 +541,14 @@ def describe(
         f"noise scale {c['NOISE']}",
         f"batch {c['BATCH']}, micro-batch × accumulation {c['MICRO×ACC']}, lr {c['LR']} ({c['POLICY']})",
     ]
+    held_out = status.get("progress") or {}
+    if held_out.get("evalLoss") is not None:
+        accuracy = held_out.get("evalAccuracy")
+        lines.append(
+            f"held-out loss {held_out['evalLoss']:.4f}"
+            + (f", accuracy {accuracy:.1%}" if accuracy is not None else "")
+            + f" (after step {held_out.get('evalStep', '-')})"
+        )
     ahead = job_view.plan_ahead(job)
     rescales = status.get("rescales") or {}
     for line in lines:

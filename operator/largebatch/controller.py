@@ -123,7 +123,9 @@ def decide(spec: LargeBatchJobSpec, seen: Observation) -> Decision:
 
 def _short_of(spec: LargeBatchJobSpec, batch: int, wanted: int, placed: int) -> str:
     devices = placed * spec.workers.devices_per_worker
-    accumulation = schedule.split(batch, devices, spec.batch.micro_batch_per_device).accumulation_steps
+    accumulation = schedule.split(
+        batch, devices, spec.batch.micro_batch_per_device, spec.batch.bn_batch
+    ).accumulation_steps
     return f"batch {batch} needs {wanted} workers, {placed} fit: accumulation {accumulation}"
 
 

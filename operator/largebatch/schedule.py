@@ -3,7 +3,8 @@
 - `plan(spec, progress)`: batch and LR of the next step, from the samples consumed so far (and, where the
   policy reads them, the smoothed gradient noise scale and the previous batch in `progress`).
 - `advance(progress, plan)`: the progress after that step.
-- `split(global_batch, world_size, max_micro_batch)`: per-rank micro-batches and accumulation steps.
+- `split(global_batch, world_size, max_micro_batch, bn_batch)`: per-rank micro-batches and accumulation
+  steps (with `bn_batch`, micro-batches of exactly that many samples, the same at every world size).
 - `desired_workers(spec, global_batch, capacity)`: the worker count that brings accumulation to 1.
 - `phases(spec)`: the whole run as phases of constant batch, with exact optimizer step counts.
 
@@ -200,8 +201,15 @@ def _seesaw_levels(spec: LargeBatchJobSpec, cuts: int) -> list[int]:
     levels = [spec.batch.initial]
     for k in range(1, cuts + 1):
         ideal = min(spec.batch.max, round(spec.batch.initial * seesaw.growth**k))
-        levels.append(max(levels[-1], min(ideal, math.floor(levels[-1] * seesaw.factor))))
+        levels.append(max(levels[-1], _bn_floor(spec, min(ideal, math.floor(levels[-1] * seesaw.factor)))))
     return levels
+
+
+def _bn_floor(spec: LargeBatchJobSpec, batch: int) -> int:
+    """`batch` rounded down to a multiple of batch.bnBatch (never below one bnBatch): down, so that a
+    Seesaw step stays within its stability limit and a critical-batch step at or below its target."""
+    bn = spec.batch.bn_batch
+    return batch if bn is None else max(bn, batch // bn * bn)
 
 
 # --- linear ramp and critical batch ---------------------------------------------------------------
@@ -221,9 +229,10 @@ def _ramp_level_start(spec: LargeBatchJobSpec, level: int, levels: int) -> int:
 
 
 def _critical_grid(spec: LargeBatchJobSpec, k: int) -> int:
-    """The k-th batch of the critical-batch policy: floor(batch.initial x growthFactor**k), at most batch.max."""
+    """The k-th batch of the critical-batch policy: floor(batch.initial x growthFactor**k), at most batch.max,
+    rounded down to a multiple of batch.bnBatch (two k may then share a batch)."""
     growth = spec.batch.policy.critical_batch.growth_factor
-    return min(spec.batch.max, math.floor(spec.batch.initial * growth**k + 1e-9))
+    return _bn_floor(spec, min(spec.batch.max, math.floor(spec.batch.initial * growth**k + 1e-9)))
 
 
 def _critical_target(spec: LargeBatchJobSpec, noise_scale: float) -> int:
@@ -277,20 +286,47 @@ class Split:
         return max((max(m) for m in self.micro_batches), default=0)
 
 
-def split(global_batch: int, world_size: int, max_micro_batch: int) -> Split:
+def split(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int | None = None) -> Split:
     """Spread `global_batch` samples over `world_size` ranks with the fewest accumulation steps such
     that no micro-batch exceeds `max_micro_batch`. Per-rank totals differ by at most one sample and sum
-    exactly to the global batch."""
-    if global_batch < 1 or world_size < 1 or max_micro_batch < 1:
+    exactly to the global batch.
+
+    With `bn_batch` (BatchNorm statistics over a fixed number of samples), the step's batch is cut into
+    chunks of exactly `bn_batch` samples from its first sample on (a batch that is not a multiple would end
+    in a shorter chunk; the API keeps every planned batch a multiple, the data budget's last one
+    included); ranks take contiguous runs of chunks, as even as possible, one chunk per micro-batch.
+    Chunk j is then samples [j·bn_batch, (j+1)·bn_batch) of the step at every world size, so BN sees the
+    same samples together however many ranks run the step."""
+    if global_batch < 1 or world_size < 1 or max_micro_batch < 1 or (bn_batch is not None and bn_batch < 1):
         raise ValueError(
             f"split needs positive numbers, got global_batch={global_batch}, world_size={world_size}, "
-            f"max_micro_batch={max_micro_batch}"
+            f"max_micro_batch={max_micro_batch}, bn_batch={bn_batch}"
         )
+    if bn_batch is not None:
+        return _split_bn(global_batch, world_size, max_micro_batch, bn_batch)
     accumulation = -(-global_batch // (world_size * max_micro_batch))
     return Split(
         accumulation_steps=accumulation,
         micro_batches=tuple(_even(total, accumulation) for total in _even(global_batch, world_size)),
     )
+
+
+def _split_bn(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int) -> Split:
+    if bn_batch > max_micro_batch:
+        raise ValueError(
+            f"a micro-batch of bn_batch={bn_batch} samples exceeds max_micro_batch={max_micro_batch}: "
+            "raise batch.microBatchPerDevice to at least batch.bnBatch"
+        )
+    full, rest = divmod(global_batch, bn_batch)
+    chunks = [bn_batch] * full + ([rest] if rest else [])
+    counts = _even(len(chunks), world_size)
+    accumulation = counts[0]
+    micro_batches, first = [], 0
+    for count in counts:
+        mine = chunks[first : first + count]
+        micro_batches.append(tuple(mine) + (0,) * (accumulation - count))
+        first += count
+    return Split(accumulation_steps=accumulation, micro_batches=tuple(micro_batches))
 
 
 def _even(total: int, parts: int) -> tuple[int, ...]:
@@ -303,7 +339,7 @@ def desired_workers(spec: LargeBatchJobSpec, global_batch: int, capacity: int | 
     """Workers that bring accumulation to 1 for `global_batch`, within workers.min..max and, when known,
     the cluster's capacity. Never below workers.min: with less capacity than that the job waits."""
     w = spec.workers
-    per_worker = w.devices_per_worker * spec.batch.micro_batch_per_device
+    per_worker = w.devices_per_worker * spec.batch.micro_batch
     wanted = min(-(-global_batch // per_worker), w.max)
     if capacity is not None:
         wanted = min(wanted, capacity)

@@ -35,6 +35,7 @@ def long_job(tmp_path, name):
         batch={"initial": 16, "max": 64, "microBatchPerDevice": 8, "policy": {"type": "seesaw"}},
         schedule={"totalSamples": TOTAL, "warmupSamples": 160, "minLrRatio": 0.1},
         checkpoint={"everySteps": 50, "keep": 2},
+        evaluation={"everySamples": 320, "samples": 32},
     )
 
 
@@ -71,6 +72,8 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
         assert metrics["largebatch_accumulation_steps"] == 2  # 16 samples in micro-batches of 8
         assert metrics["largebatch_world_size"] == 1
         assert metrics["largebatch_samples_per_second"] > 0
+        # Evaluated every 320 samples (20 steps or fewer): a held-out loss, no accuracy (linreg does not classify).
+        assert metrics["largebatch_eval_loss"] > 0 and "largebatch_eval_accuracy_ratio" not in metrics
         report = wait_for(lambda: json.loads(progress_file.read_text()), what="a progress report")
         assert report["progress"]["step"] > 0 and report["plan"]["globalBatch"] == 16
         assert report["progress"]["done"] is False
@@ -137,8 +140,9 @@ def test_held_out_evaluations_come_at_every_interval_and_at_the_end(tmp_path):
     evaluations = state["evaluations"]
     # Steps of 24 samples: the first step past each multiple of 100, then the end (1,200 is one).
     expected = sorted({-(-k * 100 // 24) for k in range(1, 13)} | {50})
-    assert [step for step, _, _ in evaluations] == expected
-    assert all(samples == 24 * step for step, samples, _ in evaluations)
+    assert [step for step, _, _, _ in evaluations] == expected
+    assert all(samples == 24 * step for step, samples, _, _ in evaluations)
+    assert all(accuracy is None for *_, accuracy in evaluations)  # linreg does not classify
     held_out = make_data(8, 4_096, 1.0, 0, sample_seed=7)  # linreg's held-out set; the first 300 count
     weights = state["model"]["weight"].squeeze(0)
     final = float((0.5 * (held_out.x[:300] @ weights - held_out.y[:300]).pow(2)).mean())

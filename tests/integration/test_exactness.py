@@ -79,3 +79,48 @@ def test_distributed_runs_match_the_single_process_full_batch_run(tmp_path, npro
     torch.testing.assert_close(params(got), params(expected), rtol=1e-5, atol=1e-6)
     world = max(nproc, 1)
     assert {run[3] for run in got["history"]} == {world}
+
+
+# The digits ResNet with BatchNorm over BN batches of 8. 40 samples are five BN batches, which two ranks
+# take as 3 + 2 and three ranks as 2 + 2 + 1 (the third rank skips its second micro-step); 16 samples
+# are two, so the third of three ranks has none and joins the all-reduce with a zero-weighted sample
+# (and in the data budget's last step, 8 samples, two ranks have none).
+DIGITS = {"entrypoint": "largebatch_trainer.tasks:digits", "args": {"width": 8, "blocks": 2}}
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weightDecay": 5e-4}
+LARS = {"name": "lars", "lr": 2.0, "momentum": 0.9, "weightDecay": 5e-4}
+
+
+@pytest.mark.parametrize(
+    ("nproc", "batch", "optimizer"),
+    [(2, 40, SGD), (3, 40, LARS), (3, 16, SGD)],
+    ids=["2-ranks-sgd", "3-ranks-lars", "3-ranks-one-idle"],
+)
+def test_batchnorm_parameters_are_the_same_at_every_world_size(tmp_path, nproc, batch, optimizer):
+    """BatchNorm normalises over each micro-batch, so the gradient depends on which samples share one:
+    with batch.bnBatch they are the same BN batches at any world size, and so are the parameters (BN's
+    γ and β included). The running statistics are buffers, rank 0's own: they are not compared."""
+    batch_spec = {
+        "initial": batch,
+        "max": batch,
+        "bnBatch": 8,
+        "microBatchPerDevice": 16,
+        "policy": {"type": "constant"},
+    }
+    settings = {"task": DIGITS, "batch": batch_spec, "optimizer": optimizer}
+    schedule_ = {"totalSamples": 200, "warmupSamples": 80}
+    reference = write_job(tmp_path, "reference", schedule=schedule_, **settings)
+    run_standalone(reference, 0)
+    candidate = write_job(tmp_path, "candidate", schedule=schedule_, **settings)
+    run_standalone(candidate, nproc)
+    expected, got = final_state(tmp_path / "reference-ckpt"), final_state(tmp_path / "candidate-ckpt")
+    names = dict(load_task(DIGITS["entrypoint"], DIGITS["args"], 0).model.named_parameters())
+    assert {"bn.weight", "blocks.0.bn2.weight", "blocks.1.bn2.bias"} <= set(names)
+    steps = -(-200 // batch)
+    assert got["progress"]["step"] == expected["progress"]["step"] == steps
+    torch.testing.assert_close(
+        {n: got["model"][n] for n in names}, {n: expected["model"][n] for n in names}, rtol=1e-5, atol=1e-6
+    )
+    # It trained: the zero-initialised γ of each block's last BN moved.
+    assert torch.count_nonzero(got["model"]["blocks.0.bn2.weight"]) > 0
+    step, samples, loss, accuracy = got["evaluations"][-1]
+    assert (step, samples) == (steps, 200) and 0.0 <= accuracy <= 1.0

@@ -71,6 +71,46 @@ def test_examples_are_valid_jobs(name):
             "optimizer=sgd",
         ),
         (
+            {"batch": {"initial": 48, "max": 256, "bnBatch": 32}},
+            "batch.initial and batch.max must be multiples of batch.bnBatch",
+            "initial=48, max=256, bnBatch=32",
+        ),
+        (
+            {"batch": {"initial": 32, "max": 256, "microBatchPerDevice": 16, "bnBatch": 32}},
+            "batch.microBatchPerDevice must be >= batch.bnBatch",
+            "microBatchPerDevice=16, bnBatch=32",
+        ),
+        (
+            {"batch": {"initial": 2, "max": 262_144, "microBatchPerDevice": 16, "bnBatch": 2}},
+            "batch.max must be <= batch.bnBatch x 65,536",
+            "max=262,144, bnBatch=2",
+        ),
+        (
+            {
+                "batch": {
+                    "bnBatch": 16,
+                    "policy": {"type": "linearRamp", "linearRamp": {"increment": 24, "rampSamples": 10}},
+                    "initial": 16,
+                    "max": 256,
+                }
+            },
+            "batch.policy.linearRamp.increment must be a multiple of batch.bnBatch",
+            "increment=24, bnBatch=16",
+        ),
+        (
+            {
+                "batch": {"initial": 32, "max": 256, "microBatchPerDevice": 32, "bnBatch": 32},
+                "schedule": {"totalSamples": 28_740},
+            },
+            "schedule.totalSamples must be a multiple of batch.bnBatch",
+            "totalSamples=28,740, bnBatch=32",
+        ),
+        (
+            {"batch": {"initial": 16, "bnBatch": 16, "policy": {"type": "criticalBatch"}}},
+            "criticalBatch with batch.bnBatch needs batch.initial >= 2 x bnBatch",
+            "initial=16, bnBatch=16",
+        ),
+        (
             {"metrics": {"port": 65534}, "workers": {"devicesPerWorker": 4}},
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
             "port=65534, devicesPerWorker=4",
@@ -136,6 +176,8 @@ candidate_specs = st.fixed_dictionaries(
             {
                 "initial": st.integers(1, 300),
                 "max": st.integers(1, 300),
+                "microBatchPerDevice": st.integers(1, 40),
+                "bnBatch": st.none() | st.integers(1, 40),
                 "policy": st.one_of(
                     st.fixed_dictionaries(
                         {

@@ -1,8 +1,9 @@
-"""The local runner's view of rank 0's reports: a report that lacks a value keeps the previous one."""
+"""The local runner's view of rank 0's reports: a report that lacks a value keeps the previous one; the
+checkpoint's evaluations as run.json lists them."""
 
 from __future__ import annotations
 
-from largebatch.local.runner import _merge
+from largebatch.local.runner import _evaluation, _merge
 
 
 def test_a_report_without_loss_or_plan_keeps_the_last_known_values():
@@ -19,3 +20,9 @@ def test_newer_values_win_and_a_missing_report_changes_nothing():
     assert _merge(before, after) == after
     assert _merge(before, None) is before
     assert _merge({}, after) == after
+
+
+def test_evaluations_carry_accuracy_and_older_checkpoints_without_it_still_read():
+    assert _evaluation([7, 224, 0.5, 0.875]) == {"step": 7, "samples": 224, "evalLoss": 0.5, "evalAccuracy": 0.875}
+    assert _evaluation([7, 224, 0.5, None])["evalAccuracy"] is None  # a task that does not classify
+    assert _evaluation([7, 224, 0.5]) == {"step": 7, "samples": 224, "evalLoss": 0.5, "evalAccuracy": None}

@@ -118,3 +118,22 @@ def test_momentum_form_is_as_declared(name):
     assert declared == "gradient"
     assert ratio == pytest.approx(2.0, rel=0.02 if name != "lamb" else 0.05)
     assert not math.isclose(ratio, 1.0, rel_tol=0.1)
+
+
+def test_lars_steps_a_weight_by_its_trust_ratio_and_a_bias_by_the_lr_alone():
+    """One LARS step without momentum: the weight moves lr x trustCoefficient x |w| / |g| along g, the
+    bias (no trust ratio) lr along its gradient, whatever the coefficient."""
+    for coefficient in (0.001, 0.02):
+        model = tiny()
+        spec = OptimizerSpec(name="lars", lr=0.5, momentum=0.0, trust_coefficient=coefficient)
+        optimizer = optim.build(spec, model)
+        weight, bias = model.linear.weight.detach().clone(), model.linear.bias.detach().clone()
+        torch.manual_seed(3)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        g_weight, g_bias = model.linear.weight.grad.clone(), model.linear.bias.grad.clone()
+        optim.set_lr(optimizer, 0.5)
+        optimizer.step()
+        ratio = coefficient * weight.norm() / g_weight.norm()
+        torch.testing.assert_close(model.linear.weight.detach(), weight - 0.5 * ratio * g_weight)
+        torch.testing.assert_close(model.linear.bias.detach(), bias - 0.5 * g_bias)

@@ -182,6 +182,49 @@ def test_split_with_more_ranks_than_samples_gives_empty_ranks():
     assert result.micro_batches == ((1,), (1,), (1,), (0,))
 
 
+def test_split_with_bn_batch_gives_ranks_contiguous_runs_of_whole_bn_batches():
+    # 40 samples in BN batches of 8: five chunks; two ranks take 3 and 2, three ranks 2, 2 and 1.
+    two = schedule.split(40, 2, 32, bn_batch=8)
+    assert two.micro_batches == ((8, 8, 8), (8, 8, 0))
+    assert [two.rank_offset(r) for r in range(2)] == [0, 24]
+    three = schedule.split(40, 3, 32, bn_batch=8)
+    assert three.accumulation_steps == 2
+    assert three.micro_batches == ((8, 8), (8, 8), (8, 0))
+    # One rank: one BN batch per micro-step, although 32 would fit in a micro-batch.
+    assert schedule.split(40, 1, 32, bn_batch=8).micro_batches == ((8, 8, 8, 8, 8),)
+    # The run's last step, cut short by the data budget: the remainder is the last chunk.
+    assert schedule.split(20, 2, 32, bn_batch=8).micro_batches == ((8, 8), (4, 0))
+    with pytest.raises(ValueError, match="bn_batch=8 samples exceeds max_micro_batch=4"):
+        schedule.split(40, 2, 4, bn_batch=8)
+
+
+def test_growth_policies_round_down_to_whole_bn_batches():
+    seesaw = make_spec(
+        batch={"initial": 32, "max": 256, "microBatchPerDevice": 32, "bnBatch": 32,
+               "policy": {"type": "seesaw", "seesaw": {"factor": 3, "batchFactor": 1.5, "capAtCriticalBatch": False}}},
+        schedule={"totalSamples": 100_000, "warmupSamples": 1_000, "minLrRatio": 0.01},
+    )  # fmt: skip
+    # Four cuts (3**-4 >= 0.01): 32 x 1.5**k = 48, 72, 108, 162 rounded down to multiples of 32. The first
+    # cannot grow: it keeps the batch and cuts the LR in full, as a capped cut does.
+    phases = schedule.phases(seesaw)
+    assert [p.global_batch for p in phases] == [32, 32, 32, 64, 96, 160]
+    assert phases[2].lr_start == pytest.approx(phases[1].lr_end / 3)
+    settings = {"growthFactor": 1.5, "minStepsBetweenChanges": 10}
+    critical = make_spec(
+        batch={"initial": 32, "max": 992, "microBatchPerDevice": 32, "bnBatch": 16,
+               "policy": {"type": "criticalBatch", "criticalBatch": settings}},
+        schedule={"warmupSamples": 160},
+    )  # fmt: skip
+    # The grid 32 x 1.5**k = 48, 72, 108, 162, 243, 364.5, 546.75, 820.1, then batch.max, rounded down.
+    assert climb(critical, 5000.0, batch=32) == [32, 48, 64, 96, 160, 240, 352, 544, 816, 992]
+    assert climb(critical, 200.0, batch=32)[-1] == 160  # never above the target
+
+
+def test_desired_workers_counts_bn_batches_per_device():
+    spec = make_spec(workers={"min": 1, "max": 8}, batch={"microBatchPerDevice": 64, "bnBatch": 16})
+    assert schedule.desired_workers(spec, 64) == 4  # four BN batches: one per device brings accumulation to 1
+
+
 def test_split_rejects_nonsense_with_the_numbers():
     with pytest.raises(ValueError, match="world_size=0"):
         schedule.split(8, 0, 4)

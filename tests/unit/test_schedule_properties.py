@@ -33,29 +33,75 @@ def test_split_is_exact_balanced_minimal_and_capped(global_batch, world_size, ca
 
 
 @given(
+    global_batch=st.integers(1, 20_000),
+    world_size=st.integers(1, 64),
+    bn_batch=st.integers(1, 64),
+    extra=st.integers(0, 64),
+    other_world=st.integers(1, 64),
+)
+def test_split_with_bn_batch_puts_the_same_samples_in_each_bn_batch_at_every_world_size(
+    global_batch, world_size, bn_batch, extra, other_world
+):
+    result = schedule.split(global_batch, world_size, bn_batch + extra, bn_batch)
+    assert sum(result.rank_total(r) for r in range(world_size)) == global_batch
+    assert all(len(m) == result.accumulation_steps for m in result.micro_batches)
+
+    def bn_batches(split: schedule.Split, world: int) -> list[tuple[int, int]]:
+        """(first sample within the step, size) of every non-empty micro-batch, over all ranks."""
+        found = []
+        for rank in range(world):
+            position = split.rank_offset(rank)
+            for size in split.micro_batches[rank]:
+                if size:
+                    found.append((position, size))
+                position += size
+        return sorted(found)
+
+    chunks = bn_batches(result, world_size)
+    # Exactly bn_batch samples each, from the step's first sample on; only the last may hold a remainder.
+    assert chunks == [(start, min(bn_batch, global_batch - start)) for start in range(0, global_batch, bn_batch)]
+    assert chunks == bn_batches(schedule.split(global_batch, other_world, bn_batch, bn_batch), other_world)
+    # Contiguous runs of chunks, as even as possible; empty micro-batches only after a rank's last chunk.
+    counts = [sum(1 for size in m if size) for m in result.micro_batches]
+    assert max(counts) - min(counts) <= 1 and result.accumulation_steps == max(counts)
+    assert all(all(m[:c]) and not any(m[c:]) for m, c in zip(result.micro_batches, counts, strict=True))
+    assert [result.rank_offset(r) for r in range(world_size)] == sorted(
+        result.rank_offset(r) for r in range(world_size)
+    )
+
+
+@given(
     minimum=st.integers(1, 8),
     extra=st.integers(0, 8),
     devices=st.integers(1, 8),
     micro=st.integers(1, 64),
     global_batch=st.integers(1, 10_000),
     capacity=st.none() | st.integers(0, 32),
+    bn=st.none() | st.integers(1, 8),
 )
 def test_desired_workers_stays_in_bounds_and_removes_accumulation_when_it_can(
-    minimum, extra, devices, micro, global_batch, capacity
+    minimum, extra, devices, micro, global_batch, capacity, bn
 ):
+    if bn is not None:
+        micro, global_batch = max(micro, bn), -(-global_batch // bn) * bn
     spec = make_spec(
         workers={"min": minimum, "max": minimum + extra, "devicesPerWorker": devices},
-        batch={"initial": 1, "max": 10_000, "microBatchPerDevice": micro},
+        batch={"initial": bn or 1, "max": 10_000 // (bn or 1) * (bn or 1), "microBatchPerDevice": micro, "bnBatch": bn},
+        schedule={"totalSamples": 100_000 // (bn or 1) * (bn or 1)},
     )
     n = schedule.desired_workers(spec, global_batch, capacity)
     assert minimum <= n <= minimum + extra
     if capacity is not None and capacity >= minimum:
         assert n <= capacity
     limit = minimum + extra if capacity is None else min(minimum + extra, capacity)
-    if math.ceil(global_batch / (devices * micro)) <= limit:
-        assert schedule.split(global_batch, n * devices, micro).accumulation_steps == 1
+
+    def accumulation(workers: int) -> int:
+        return schedule.split(global_batch, workers * devices, micro, bn).accumulation_steps
+
+    if math.ceil(global_batch / (devices * (bn or micro))) <= limit:
+        assert accumulation(n) == 1
         # ... and with no idle worker beyond the minimum.
-        assert n == minimum or schedule.split(global_batch, (n - 1) * devices, micro).accumulation_steps > 1
+        assert n == minimum or accumulation(n - 1) > 1
 
 
 def policies(kind: str | None = None):
@@ -96,15 +142,28 @@ def policies(kind: str | None = None):
 
 
 @st.composite
-def jobs(draw, kind: str | None = None):
+def jobs(draw, kind: str | None = None, bn_batch: bool | None = None):
+    """A job of the policy `kind` (any when None); with bnBatch set when `bn_batch` (drawn when None), its
+    batches and the ramp's increment are multiples of it."""
     policy = dict(draw(policies(kind)))
     measures = policy["type"] == "criticalBatch" or policy.get("seesaw", {}).get("capAtCriticalBatch", False)
-    initial = draw(st.integers(2 if policy["type"] == "criticalBatch" else 1, 64))
-    maximum = initial + policy.pop("_max_over", draw(st.integers(0, 512)))
-    total = draw(st.integers(1, 30_000))
+    bn = draw(st.integers(1, 16)) if (draw(st.booleans()) if bn_batch is None else bn_batch) else None
+    unit = bn or 1
+    if policy["type"] == "linearRamp":
+        policy["linearRamp"]["increment"] *= unit
+    initial = unit * draw(st.integers(2 if policy["type"] == "criticalBatch" else 1, 64 // unit + 2))
+    over = policy.pop("_max_over", None)
+    maximum = initial + (draw(st.integers(0, 512)) // unit * unit if over is None else over * unit)
+    total = unit * draw(st.integers(1, 30_000 // unit))  # the API: a multiple of bnBatch
     warmup = draw(st.integers(0, total - 1))
     spec = make_spec(
-        batch={"initial": initial, "max": maximum, "policy": policy},
+        batch={
+            "initial": initial,
+            "max": maximum,
+            "microBatchPerDevice": max(16, unit),
+            "bnBatch": bn,
+            "policy": policy,
+        },
         optimizer={"lr": 0.1, "scaling": draw(st.sampled_from(["linear", "sqrt", "none"]))},
         schedule={
             "totalSamples": total,
@@ -159,7 +218,13 @@ def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
     _, plans = step_by_step(spec, noise)
     cb = spec.batch.policy.critical_batch
     changes = [(s.step, p.policy_batch) for s, p in plans if s.batch is not None and p.policy_batch != s.batch]
-    grid = sorted({min(spec.batch.max, math.floor(spec.batch.initial * cb.growth_factor**k + 1e-9)) for k in range(40)})
+    unit = spec.batch.bn_batch or 1  # the grid rounded down to whole BN batches
+    grid = sorted(
+        {
+            min(spec.batch.max, math.floor(spec.batch.initial * cb.growth_factor**k + 1e-9)) // unit * unit
+            for k in range(40)
+        }
+    )
     # One grid step per change.
     batches = [spec.batch.initial] + [b for _, b in changes]
     assert all(b in grid and grid.index(b) == grid.index(a) + 1 for a, b in pairwise(batches))
@@ -198,3 +263,14 @@ def test_seesaw_cuts_trade_lr_for_batch_at_the_stability_edge(job):
     for k, c in enumerate(cuts, start=1):
         assert schedule.decay_multiplier(spec.schedule, c) <= seesaw.factor**-k
         assert c == spec.schedule.warmup_samples or schedule.decay_multiplier(spec.schedule, c - 1) > seesaw.factor**-k
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs(bn_batch=True))
+def test_every_planned_batch_is_a_whole_number_of_bn_batches(job):
+    spec, noise = job
+    bn = spec.batch.bn_batch
+    _, plans = step_by_step(spec, noise)
+    assert all(p.policy_batch % bn == 0 and p.policy_batch >= bn for _, p in plans)
+    # The run's last step too, cut short by a data budget that is a multiple of bnBatch.
+    assert all(p.global_batch % bn == 0 for _, p in plans)

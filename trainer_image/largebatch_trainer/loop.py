@@ -93,7 +93,7 @@ class Trainer:
         self.optimizer = optim.build(self.spec.optimizer, self.module)
         self.noise = noise.NoiseScale(self.spec.batch.policy.critical_batch.smoothing)
         self.estimator = self.spec.batch.policy.critical_batch.estimator
-        self.evaluations: list[list] = []  # [step, samples, held-out loss]
+        self.evaluations: list[list] = []  # [step, samples, held-out loss, held-out accuracy or None]
         self.stream = SampleStream(len(self.task.dataset), self.spec.task.seed)
         self.progress = schedule.Progress()
         self.history: list[list[int]] = []  # [first step, first sample, batch, world size, steps]
@@ -115,6 +115,8 @@ class Trainer:
         self.metrics.total.set(self.spec.schedule.total_samples)
         self.restarts = _restarts_of_any_agent(self.env.restart_count, self.device)
         self.metrics.restarts.set(self.restarts)
+        if self.evaluations and self.env.rank == 0:  # the latest evaluation before this start, as it was
+            self.metrics.evaluation(self.evaluations[-1][2], _accuracy_of(self.evaluations[-1]))
         self.throughput: float | None = None
         self._last_report = 0.0
 
@@ -196,12 +198,13 @@ class Trainer:
         spec, env = self.spec, self.env
         plan = schedule.plan(spec, self.progress)
         world = env.world_size
-        split = schedule.split(plan.global_batch, world, spec.batch.micro_batch_per_device)
+        split = schedule.split(plan.global_batch, world, spec.batch.micro_batch_per_device, spec.batch.bn_batch)
         optim.set_lr(self.optimizer, plan.lr)
         batch = plan.global_batch
         position = self.progress.samples + split.rank_offset(env.rank)
         micro = split.micro_batches[env.rank]
-        if world == 1 and len(micro) == 1 and micro[0] >= 2 and self._measure_by_halves():
+        # Never with bnBatch: a BN batch split in two would normalise over other samples.
+        if world == 1 and len(micro) == 1 and micro[0] >= 2 and not spec.batch.bn_batch and self._measure_by_halves():
             micro = (micro[0] - micro[0] // 2, micro[0] // 2)
         # Two small batches or more (ranks or micro-batches) measure the noise scale. The preconditioned
         # estimator needs the optimizer's second moments: none before the first step.
@@ -214,17 +217,20 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         micro_norms: list[tuple[int, torch.Tensor]] = []  # single worker: (samples, |G_micro|²)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        for m, size in enumerate(micro):
-            # A rank with no samples still runs the micro-step (DDP needs every rank's gradients) on one
-            # sample weighted zero.
+        # Empty micro-steps are skipped: the rank's gradients travel with its last real micro-step. A rank
+        # with no samples at all still joins DDP's all-reduce with one micro-step on one sample weighted
+        # zero, in eval mode: BatchNorm then uses its running statistics instead of normalising over a
+        # batch of one (BatchNorm1d refuses that) and leaves them alone.
+        steps = tuple(size for size in micro if size) or (0,)
+        for m, size in enumerate(steps):
             data = self.stream.batch(self.task.dataset, self.task.collate, position if size else 0, max(size, 1))
             data = _to(data, self.device)
-            last = m == len(micro) - 1
+            last = m == len(steps) - 1
             sync = contextlib.nullcontext() if last or world == 1 else self.model.no_sync()
-            with sync:
+            with sync, _eval_mode(self.model, not size):
                 step_loss, count = self.task.loss(self.model, data)
                 scaled = step_loss * ((1.0 if size else 0.0) / batch)
-                if world == 1 and len(micro) > 1:
+                if world == 1 and len(steps) > 1:
                     grads = torch.autograd.grad(scaled, params)
                     micro_norms.append((size, noise.squared_norm(grads, params, weights) * (batch / size) ** 2))
                     for p, g in zip(params, grads, strict=True):
@@ -296,7 +302,8 @@ class Trainer:
         previous = self.evaluations[-1][1] if self.evaluations else 0
         due = samples >= self.spec.schedule.total_samples or (every and samples // every > previous // every)
         if due:
-            self.evaluations.append([self.progress.step, samples, self.evaluate()])
+            self.evaluations.append([self.progress.step, samples, *self.evaluate()])
+            self.metrics.evaluation(*self.evaluations[-1][2:])
 
     def _record(self, plan: schedule.Plan, world: int) -> None:
         last = self.history[-1] if self.history else None
@@ -343,6 +350,7 @@ class Trainer:
             tokens=p.samples * self.task.tokens_per_sample,
             loss=self.last_loss,
             eval_loss=self.evaluations[-1][2] if self.evaluations else None,
+            eval_accuracy=_accuracy_of(self.evaluations[-1]) if self.evaluations else None,
             eval_step=self.evaluations[-1][0] if self.evaluations else None,
             noise_scale=self.noise.value,
             samples_per_second=self.throughput,
@@ -367,18 +375,22 @@ class Trainer:
             self.options.sink.report(self.status(done))
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean loss per sample over the first `evaluation.samples` held-out samples."""
+    def evaluate(self) -> tuple[float, float | None]:
+        """Mean loss per sample over the first `evaluation.samples` held-out samples, and the fraction
+        classified right when the task reports accuracy (None otherwise). In eval mode: BatchNorm uses
+        its running statistics."""
         data = self.task.eval_dataset
         count = min(len(data), self.spec.evaluation.samples)
-        total, micro = 0.0, self.spec.batch.micro_batch_per_device
+        total, correct, micro = 0.0, 0.0, self.spec.batch.micro_batch_per_device
         self.module.eval()
         for start in range(0, count, micro):
-            batch = self.task.collate([data[i] for i in range(start, min(count, start + micro))])
-            loss_sum, _ = self.task.loss(self.module, _to(batch, self.device))
+            batch = _to(self.task.collate([data[i] for i in range(start, min(count, start + micro))]), self.device)
+            loss_sum, _ = self.task.loss(self.module, batch)
             total += float(loss_sum)
+            if self.task.accuracy is not None:
+                correct += float(self.task.accuracy(self.module, batch)[0])
         self.module.train()
-        return total / count
+        return total / count, (correct / count if self.task.accuracy is not None else None)
 
     def close(self, clean: bool) -> None:
         """Leave the process group, every rank together when the run ended cleanly.
@@ -415,6 +427,24 @@ def _restarts_of_any_agent(own: int, device: torch.device) -> int:
     count = torch.tensor([own], dtype=torch.int64, device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module, on: bool):
+    """`model` in eval mode inside the block when `on` (it trains again after it)."""
+    if not on:
+        yield
+        return
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
+def _accuracy_of(evaluation: list) -> float | None:
+    """Checkpoints written before accuracy was recorded hold [step, samples, loss]."""
+    return evaluation[3] if len(evaluation) > 3 else None
 
 
 def _to(data, device: torch.device):

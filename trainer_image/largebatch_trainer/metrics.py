@@ -47,6 +47,20 @@ class Metrics:
             list(labels),
             registry=self.registry,
         )
+        # Rank 0 evaluates; its gauges are absent until the first evaluation, and accuracy is absent for a
+        # task that does not classify.
+        self._eval_loss = Gauge(
+            "largebatch_eval_loss",
+            "Held-out loss of the latest evaluation (mean per sample)",
+            list(labels),
+            registry=self.registry,
+        )
+        self._eval_accuracy = Gauge(
+            "largebatch_eval_accuracy_ratio",
+            "Held-out accuracy of the latest evaluation, a fraction from 0 to 1",
+            list(labels),
+            registry=self.registry,
+        )
         self._labels = labels
         self.progress = gauge("largebatch_progress_samples", "Samples consumed by the whole job")
         self.total = gauge("largebatch_total_samples", "The job's data budget (schedule.totalSamples)")
@@ -63,3 +77,8 @@ class Metrics:
 
     def noise_scale(self, value: float) -> None:
         self._noise_scale.labels(**self._labels).set(value)
+
+    def evaluation(self, loss: float, accuracy: float | None) -> None:
+        self._eval_loss.labels(**self._labels).set(loss)
+        if accuracy is not None:
+            self._eval_accuracy.labels(**self._labels).set(accuracy)

@@ -66,7 +66,7 @@ def build(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
         # weight_decouple=False puts λw inside r (the paper); adam_debias=True leaves the step size alone.
         optimizer = Lamb(groups, lr=spec.lr, betas=betas, eps=spec.eps, weight_decouple=False, adam_debias=True)
     else:  # lars: the library itself skips 1-D parameters for decay and trust ratio
-        optimizer = LARS(_plain(groups), lr=spec.lr, momentum=spec.momentum)
+        optimizer = LARS(_plain(groups), lr=spec.lr, momentum=spec.momentum, trust_coefficient=spec.trust_coefficient)
     for group in optimizer.param_groups:
         group["base_weight_decay"], group["base_eps"] = group["weight_decay"], group.get("eps")
     return optimizer

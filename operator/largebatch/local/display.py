@@ -57,6 +57,11 @@ class LiveDisplay:
             f"noise scale {_fmt(p.get('noiseScale'), ',.1f')}   {_fmt(p.get('samplesPerSecond'), ',.0f')} samples/s",
             f"nodes {len(run.nodes)}/{capacity}  rescales {len(run.state.rescales)}",
         )
+        if p.get("evalLoss") is not None:
+            accuracy = f"accuracy [bold]{p['evalAccuracy']:.1%}[/]  " if p.get("evalAccuracy") is not None else ""
+            grid.add_row(
+                f"held-out [bold]{p['evalLoss']:.4f}[/]", f"{accuracy}[dim]after step {_fmt(p.get('evalStep'))}[/]", ""
+            )
         if self.reason:
             grid.add_row("", f"[dim]{escape(self.reason)}[/]", "")
         self.details = grid

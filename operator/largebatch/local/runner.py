@@ -279,6 +279,7 @@ class LocalRun:
             "complete": samples >= self.spec.schedule.total_samples,
             "finalLoss": saved.get("loss"),
             "evalLoss": shown.eval_loss,
+            "evalAccuracy": shown.eval_accuracy,
             "serialSteps": progress.get("step", 0),
             "wallSeconds": self.state.wall_seconds,
             "sessions": self.state.sessions,
@@ -290,12 +291,16 @@ class LocalRun:
                 {"firstStep": s, "firstSample": f, "globalBatch": b, "worldSize": w, "steps": n}
                 for s, f, b, w, n in history
             ],
-            "evaluations": [
-                {"step": step, "samples": samples, "evalLoss": loss}
-                for step, samples, loss in saved.get("evaluations", [])
-            ],
+            "evaluations": [_evaluation(e) for e in saved.get("evaluations", [])],
             "timeline": self.state.timeline,
         }
+
+
+def _evaluation(saved: list) -> dict:
+    """One held-out evaluation of the checkpoint: [step, samples, loss, accuracy], or [step, samples, loss]
+    in checkpoints written before accuracy was recorded."""
+    step, samples, loss, *rest = saved
+    return {"step": step, "samples": samples, "evalLoss": loss, "evalAccuracy": rest[0] if rest else None}
 
 
 def _merge(old: dict, new: dict | None) -> dict:

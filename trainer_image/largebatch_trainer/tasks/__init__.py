@@ -10,9 +10,11 @@ returns a `Task`:
 - `loss(model, batch) -> (loss_sum, count)`: the *sum* of per-sample losses over the batch, and the
   number of samples. The trainer divides by the global batch, so the update is the full-batch update
   whatever the world size and accumulation;
-- optionally `eval_dataset` (held-out samples) and `tokens_per_sample` (for tokens/s).
+- optionally `eval_dataset` (held-out samples), `tokens_per_sample` (for tokens/s) and
+  `accuracy(model, batch) -> (correct, count)` for a classifier (reported as `evalAccuracy`).
 
-The built-in tasks are `largebatch_trainer.tasks:pylm` and `largebatch_trainer.tasks:linreg`.
+The built-in tasks are `largebatch_trainer.tasks:pylm`, `largebatch_trainer.tasks:linreg` and
+`largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+AccuracyFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor | int, int]]
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Task:
     eval_dataset: Sequence | None = None
     tokens_per_sample: int = 0
     collate: Callable[[list], Any] = torch.utils.data.default_collate
+    accuracy: AccuracyFn | None = None
+    """(samples classified right, samples) over a held-out batch, the model in eval mode."""
 
 
 def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
@@ -69,5 +74,11 @@ def pylm(**args: Any) -> Task:
 
 def linreg(**args: Any) -> Task:
     from largebatch_trainer.tasks.linear_regression import build
+
+    return build(**args)
+
+
+def digits(**args: Any) -> Task:
+    from largebatch_trainer.tasks.digits_resnet import build
 
     return build(**args)
