@@ -105,9 +105,16 @@ class TaskSpec(_Model):
     """Free-form keyword arguments passed to the entrypoint (model width, depth, data options)."""
     seed: int = Field(default=0, ge=0)
     """Seed of the model initialisation (the same on every rank) and of the sample order."""
+    compile: bool = False
+    """Compile the model with `torch.compile` (TorchInductor) before training: the first steps take the
+    compilation, later ones run fused kernels. docs/trainer.md ("Accelerators and precision") lists
+    where it does not combine with the rest."""
 
 
 # --- workers --------------------------------------------------------------------------------------
+
+# The accelerator whose jobs train in bf16 unless `spec.precision` says otherwise.
+BF16_BY_DEFAULT = "nvidia.com/gpu"
 
 
 class Toleration(_Model):
@@ -518,6 +525,15 @@ class LargeBatchJobSpec(_Model):
     suspend: bool = False
     """Stop training for now: the workers checkpoint (SIGTERM) and are removed. Set back to false to
     resume at the exact sample."""
+    precision: Literal["fp32", "bf16"] | None = None
+    """`bf16`: the forward pass under bf16 autocast, with fp32 master weights, gradients and optimizer
+    state (and TF32 for the fp32 matmuls that remain). `fp32`: IEEE fp32 throughout, the mode in which
+    any world size and accumulation give the same parameters to float tolerance. Default: bf16 with
+    `workers.accelerator: nvidia.com/gpu`, fp32 otherwise, and fp32 when a GPU job trains on a CPU."""
+    gradient_all_reduce: Literal["fp32", "bf16"] = "fp32"
+    """Dtype in which ranks all-reduce their gradients. `bf16` halves the traffic, but each rank's
+    gradient is rounded to 8 significant bits before the sum and the sum once more, so the parameters
+    then depend on the world size (docs/trainer.md). Needs bf16 precision."""
 
     immutable: ClassVar[tuple[str, ...]] = ("task", "batch", "optimizer", "schedule")
     """Blocks that define the training math: the API server refuses to change them on an existing job."""
@@ -567,7 +583,28 @@ class LargeBatchJobSpec(_Model):
             lambda s: f"port={s.metrics.port}, devicesPerWorker={s.workers.devices_per_worker}",
             ".metrics.port",
         ),
+        Rule(
+            "!has(self.gradientAllReduce) || self.gradientAllReduce != 'bf16' || (has(self.precision) ? "
+            "self.precision == 'bf16' : (!has(self.workers) || !has(self.workers.accelerator) || "
+            f"self.workers.accelerator == '{BF16_BY_DEFAULT}'))",
+            "gradientAllReduce bf16 needs precision bf16 (fp32 precision promises parameters that do not depend "
+            "on the world size, which a bf16 all-reduce breaks): set precision to bf16 or gradientAllReduce "
+            "to fp32",
+            lambda s: s.gradient_all_reduce != "bf16" or s.resolved_precision == "bf16",
+            lambda s: (
+                f"precision={s.precision or f'unset, so {s.resolved_precision}'}, accelerator={s.workers.accelerator}"
+            ),
+            ".gradientAllReduce",
+        ),
     )
+
+    @property
+    def resolved_precision(self) -> Literal["fp32", "bf16"]:
+        """`precision`, or its default for `workers.accelerator` (the trainer still uses fp32 when a job
+        without a precision of its own trains on a CPU)."""
+        if self.precision is not None:
+            return self.precision
+        return "bf16" if self.workers.accelerator == BF16_BY_DEFAULT else "fp32"
 
     @property
     def base_batch(self) -> int:

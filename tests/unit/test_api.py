@@ -115,6 +115,16 @@ def test_examples_are_valid_jobs(name):
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
             "port=65534, devicesPerWorker=4",
         ),
+        (
+            {"gradientAllReduce": "bf16", "precision": "fp32", "workers": {"accelerator": "nvidia.com/gpu"}},
+            "gradientAllReduce bf16 needs precision bf16",
+            "precision=fp32, accelerator=nvidia.com/gpu",
+        ),
+        (
+            {"gradientAllReduce": "bf16"},  # the base spec trains on the CPU: fp32 by default
+            "set precision to bf16 or gradientAllReduce to fp32",
+            "precision=unset, so fp32, accelerator=none",
+        ),
     ],
 )
 def test_cross_field_rules_name_the_field_the_fix_and_the_numbers(overrides, field, numbers):
@@ -128,6 +138,12 @@ def test_cross_field_rules_name_the_field_the_fix_and_the_numbers(overrides, fie
 def test_unknown_fields_are_rejected():
     with pytest.raises(ValidationError, match="microBatchPerDevise"):
         api.LargeBatchJobSpec.model_validate(spec_dict(batch={"microBatchPerDevise": 4}))
+
+
+def test_bf16_all_reduce_is_accepted_with_bf16_precision_explicit_or_by_default():
+    assert make_spec(gradientAllReduce="bf16", precision="bf16").gradient_all_reduce == "bf16"
+    assert make_spec(gradientAllReduce="bf16", workers={"accelerator": "nvidia.com/gpu"}).resolved_precision == "bf16"
+    assert make_spec().task.compile is False and make_spec().gradient_all_reduce == "fp32"
 
 
 def test_base_batch_defaults_to_the_initial_batch():
@@ -171,7 +187,10 @@ def test_every_model_with_rules_is_covered():
 estimators = st.sampled_from(["simple", "preconditioned"])
 candidate_specs = st.fixed_dictionaries(
     {
-        "workers": st.fixed_dictionaries({"min": st.integers(1, 6), "max": st.integers(1, 6)}),
+        "workers": st.fixed_dictionaries(
+            {"min": st.integers(1, 6), "max": st.integers(1, 6)},
+            optional={"accelerator": st.sampled_from(["nvidia.com/gpu", "google.com/tpu", "none"])},
+        ),
         "batch": st.fixed_dictionaries(
             {
                 "initial": st.integers(1, 300),
@@ -217,7 +236,8 @@ candidate_specs = st.fixed_dictionaries(
                 "decay": st.sampled_from(["cosine", "constant"]),
             }
         ),
-    }
+    },
+    optional={"precision": st.sampled_from(["fp32", "bf16"]), "gradientAllReduce": st.sampled_from(["fp32", "bf16"])},
 )
 
 

@@ -137,3 +137,24 @@ def test_lars_steps_a_weight_by_its_trust_ratio_and_a_bias_by_the_lr_alone():
         ratio = coefficient * weight.norm() / g_weight.norm()
         torch.testing.assert_close(model.linear.weight.detach(), weight - 0.5 * ratio * g_weight)
         torch.testing.assert_close(model.linear.bias.detach(), bias - 0.5 * g_bias)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_fused_kernels_take_the_same_step(name):
+    """torch's fused SGD and AdamW (what the trainer asks for on CUDA; torch has them on the CPU too)."""
+    spec = OptimizerSpec(name=name, lr=0.1, weight_decay=0.01)
+    models = [tiny(), tiny()]
+    plain, fused = optim.build(spec, models[0]), optim.build(spec, models[1], fused=True)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    for model, optimizer in zip(models, (plain, fused), strict=True):
+        for _ in range(3):
+            model.linear.weight.sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.testing.assert_close(models[1].state_dict(), models[0].state_dict())
+
+
+@pytest.mark.parametrize("name", ["lamb", "lars"])
+def test_optimizers_without_fused_kernels_run_as_they_are(name):
+    optimizer = optim.build(OptimizerSpec(name=name, lr=0.1), tiny(), fused=True)
+    assert "fused" not in optimizer.defaults

@@ -2,7 +2,8 @@
 
 Position p of the stream is sample `perm(p // N)[p % N]`. Step s takes the next B_s positions and each
 rank a consecutive slice of them, so progress is one number (samples consumed) and a restart at any
-world size continues exactly where the last checkpoint stopped.
+world size continues exactly where the last checkpoint stopped. `to_device` moves a batch to the
+training device.
 """
 
 from __future__ import annotations
@@ -41,3 +42,18 @@ class SampleStream:
 
     def batch(self, dataset: Sequence, collate: Callable[[list], Any], start: int, count: int) -> Any:
         return collate([dataset[i] for i in self.indices(start, count)])
+
+
+def to_device(data: Any, device: torch.device) -> Any:
+    """`data` (a tensor, or lists, tuples and dicts of them) on `device`. To a GPU through pinned memory,
+    so that the copy is asynchronous: from pageable memory `non_blocking` would still stall the host
+    until the copy is done, and the host could not queue the step's kernels meanwhile."""
+    if isinstance(data, torch.Tensor):
+        if device.type == "cuda" and not data.is_pinned():
+            data = data.pin_memory()
+        return data.to(device, non_blocking=True)
+    if isinstance(data, list | tuple):
+        return type(data)(to_device(item, device) for item in data)
+    if isinstance(data, dict):
+        return {key: to_device(value, device) for key, value in data.items()}
+    return data

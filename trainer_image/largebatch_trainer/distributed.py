@@ -33,9 +33,7 @@ def choose_device(accelerator: str, requested: str, local_rank: int) -> torch.de
     if requested == "cpu" or (requested == "auto" and accelerator == "none"):
         return torch.device("cpu")
     if accelerator == "google.com/tpu" and requested == "auto":
-        import torch_xla.core.xla_model as xm  # untested here: no TPU
-
-        return xm.xla_device()
+        return _xla_device()
     if not torch.cuda.is_available():
         raise SystemExit(
             f"workers.accelerator is {accelerator} but this process sees no CUDA device; "
@@ -45,7 +43,27 @@ def choose_device(accelerator: str, requested: str, local_rank: int) -> torch.de
     return torch.device("cuda", local_rank)
 
 
+def _xla_device() -> torch.device:
+    """The TPU core of this process, through torch_xla (untested here: no TPU). Without torch_xla the
+    job is refused: training a TPU job on the host's CPU instead would look like a run and crawl."""
+    try:
+        import torch_xla.core.xla_model as xm
+    except ImportError as exc:
+        raise SystemExit(
+            f"workers.accelerator is google.com/tpu but torch_xla cannot be imported ({exc}): build the trainer "
+            f"image with torch_xla[tpu] of the same version as torch ({torch.__version__.split('+')[0]}) and "
+            'PJRT_DEVICE=TPU set (docs/trainer.md, "Accelerators and precision"), or pass --device cpu to '
+            "train on the CPU"
+        ) from None
+    return xm.xla_device()
+
+
 def init_process_group(env: DistEnv, device: torch.device) -> None:
     if env.world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
+        timeout = datetime.timedelta(seconds=120)
+        if device.type == "xla":  # torch_xla's backend and its PJRT rendezvous (untested: no TPU)
+            import torch_xla.distributed.xla_backend  # noqa: F401 - registers the backend
+
+            dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+        else:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)

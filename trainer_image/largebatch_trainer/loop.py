@@ -4,7 +4,8 @@ Each step: plan the batch and LR from the exact progress, split the batch over r
 run the micro-steps with the loss divided by the global batch (gradients are summed, never averaged, so
 any world size, uneven split or accumulation gives the full-batch gradient), measure the gradient noise
 scale on the way, step the optimizer, advance the progress. Checkpoints on a cadence, on SIGTERM/SIGINT
-and at the end; the newest one is loaded on every start.
+and at the end; the newest one is loaded on every start. The precision, the all-reduce dtype and
+torch.compile are `largebatch_trainer.accelerator`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch.distributed as dist
 
 from largebatch import launch, report, schedule, timestamps
 from largebatch.api import LargeBatchJob, PlanStatus, ProgressStatus
-from largebatch_trainer import checkpoint, noise, optim
-from largebatch_trainer.data import SampleStream
+from largebatch_trainer import accelerator, checkpoint, noise, optim
+from largebatch_trainer.data import SampleStream, to_device
 from largebatch_trainer.distributed import DistEnv, choose_device, init_process_group
 from largebatch_trainer.metrics import Metrics
 from largebatch_trainer.progress import Sink
@@ -61,6 +62,9 @@ class _Norms:
         self.weights = weights
 
     def squared(self, buffer: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        # A bf16 all-reduce hands over bf16 buckets: their norms are still taken in fp32, since the noise
+        # scale is a small difference of two of them.
+        buffer = buffer.float()
         if self.weights is None:
             return torch.linalg.vector_norm(buffer).double().square()
         # A bucket's buffer is its parameters' gradients flattened one after another.
@@ -82,15 +86,30 @@ def _sum_hook(norms, bucket):  # unannotated: DDP checks real annotations, and t
     return dist.all_reduce(buffer, async_op=True).get_future().then(record)
 
 
+def data_parallel(
+    module: torch.nn.Module, device: torch.device, all_reduce: str
+) -> tuple[torch.nn.parallel.DistributedDataParallel, _Norms]:
+    """`module` under DDP, its gradients summed by `_sum_hook` in the `all_reduce` dtype, and the norms
+    the hook measures."""
+    model = torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    norms = _Norms(device)
+    model.register_comm_hook(norms, accelerator.all_reduce_hook(_sum_hook, all_reduce))
+    return model, norms
+
+
 class Trainer:
     def __init__(self, job: LargeBatchJob, options: Options):
         self.job, self.spec, self.options = job, job.spec, options
         self.env = DistEnv.from_environ()
         self.device = choose_device(self.spec.workers.accelerator, options.device, self.env.local_rank)
+        self.precision = accelerator.precision_on(self.spec, self.device)
+        accelerator.configure(self.device, self.precision)
         init_process_group(self.env, self.device)
         self.task: Task = load_task(self.spec.task.entrypoint, self.spec.task.args, self.spec.task.seed)
         self.module = self.task.model.to(self.device)
-        self.optimizer = optim.build(self.spec.optimizer, self.module)
+        self.optimizer = optim.build(self.spec.optimizer, self.module, fused=self.device.type == "cuda")
         self.noise = noise.NoiseScale(self.spec.batch.policy.critical_batch.smoothing)
         self.estimator = self.spec.batch.policy.critical_batch.estimator
         self.evaluations: list[list] = []  # [step, samples, held-out loss, held-out accuracy or None]
@@ -104,11 +123,11 @@ class Trainer:
         self.model = self.module
         self.hook = None
         if self.env.world_size > 1:
-            self.model = torch.nn.parallel.DistributedDataParallel(
-                self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
-            self.hook = _Norms(self.device)
-            self.model.register_comm_hook(self.hook, _sum_hook)
+            self.model, self.hook = data_parallel(self.module, self.device, self.spec.gradient_all_reduce)
+        if self.spec.task.compile:
+            # In place, so that the state dict keeps its keys; DDP compiled whole, so that Dynamo splits
+            # the graph at DDP's buckets and their all-reduce still overlaps the backward pass.
+            self.model.compile()
         self.metrics = Metrics(
             self.job.metadata.namespace or "default", self.job.metadata.name, self.env.rank, options.metrics_port
         )
@@ -224,11 +243,13 @@ class Trainer:
         steps = tuple(size for size in micro if size) or (0,)
         for m, size in enumerate(steps):
             data = self.stream.batch(self.task.dataset, self.task.collate, position if size else 0, max(size, 1))
-            data = _to(data, self.device)
+            data = to_device(data, self.device)
             last = m == len(steps) - 1
             sync = contextlib.nullcontext() if last or world == 1 else self.model.no_sync()
             with sync, _eval_mode(self.model, not size):
-                step_loss, count = self.task.loss(self.model, data)
+                with accelerator.autocast(self.device, self.precision):  # the forward pass only
+                    step_loss, count = self.task.loss(self.model, data)
+                step_loss = step_loss.float()
                 scaled = step_loss * ((1.0 if size else 0.0) / batch)
                 if world == 1 and len(steps) > 1:
                     grads = torch.autograd.grad(scaled, params)
@@ -384,11 +405,13 @@ class Trainer:
         total, correct, micro = 0.0, 0.0, self.spec.batch.micro_batch_per_device
         self.module.eval()
         for start in range(0, count, micro):
-            batch = _to(self.task.collate([data[i] for i in range(start, min(count, start + micro))]), self.device)
-            loss_sum, _ = self.task.loss(self.module, batch)
+            batch = self.task.collate([data[i] for i in range(start, min(count, start + micro))])
+            batch = to_device(batch, self.device)
+            with accelerator.autocast(self.device, self.precision):
+                loss_sum, _ = self.task.loss(self.module, batch)
+                if self.task.accuracy is not None:
+                    correct += float(self.task.accuracy(self.module, batch)[0])
             total += float(loss_sum)
-            if self.task.accuracy is not None:
-                correct += float(self.task.accuracy(self.module, batch)[0])
         self.module.train()
         return total / count, (correct / count if self.task.accuracy is not None else None)
 
@@ -445,13 +468,3 @@ def _eval_mode(model: torch.nn.Module, on: bool):
 def _accuracy_of(evaluation: list) -> float | None:
     """Checkpoints written before accuracy was recorded hold [step, samples, loss]."""
     return evaluation[3] if len(evaluation) > 3 else None
-
-
-def _to(data, device: torch.device):
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, list | tuple):
-        return type(data)(_to(item, device) for item in data)
-    if isinstance(data, dict):
-        return {key: _to(value, device) for key, value in data.items()}
-    return data

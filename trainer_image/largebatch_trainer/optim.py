@@ -25,6 +25,9 @@ is mup's own: `MuAdam`'s for the entrywise-normalised optimizers (AdamW, and LAM
 Adam's), `MuSGD`'s for the SGD-like ones (SGD, and LARS, whose direction is SGD's), as mup documents for
 optimizers of either kind; weight decay is scaled the other way, as mup does, so a decoupled decay's
 lr × λ is what it was at the base width.
+
+`fused`: torch's fused kernels for SGD and AdamW (one kernel launch for all parameters), which the
+trainer asks for on CUDA; pytorch-optimizer's LAMB and LARS have none and run as they are.
 """
 
 from __future__ import annotations
@@ -53,15 +56,16 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build(spec: OptimizerSpec, model: torch.nn.Module, fused: bool = False) -> torch.optim.Optimizer:
     groups = parameter_groups(model, spec.weight_decay)
     if is_mup(model):
         groups = mup_groups(spec.name, groups)
     betas = tuple(spec.betas)
+    kernels = {"fused": True} if fused else {}  # unset: torch's own default (foreach on CUDA)
     if spec.name == "sgd":
-        optimizer = torch.optim.SGD(_plain(groups), lr=spec.lr, momentum=spec.momentum)
+        optimizer = torch.optim.SGD(_plain(groups), lr=spec.lr, momentum=spec.momentum, **kernels)
     elif spec.name == "adamw":
-        optimizer = torch.optim.AdamW(_plain(groups), lr=spec.lr, betas=betas, eps=spec.eps)
+        optimizer = torch.optim.AdamW(_plain(groups), lr=spec.lr, betas=betas, eps=spec.eps, **kernels)
     elif spec.name == "lamb":
         # weight_decouple=False puts λw inside r (the paper); adam_debias=True leaves the step size alone.
         optimizer = Lamb(groups, lr=spec.lr, betas=betas, eps=spec.eps, weight_decouple=False, adam_debias=True)
