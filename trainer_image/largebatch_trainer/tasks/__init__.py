@@ -30,6 +30,19 @@ LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
 AccuracyFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor | int, int]]
 
 
+class Pairs(torch.utils.data.Dataset):
+    """Inputs and targets held as two tensors: sample i is (x[i], y[i])."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
 @dataclass
 class Task:
     model: torch.nn.Module

@@ -18,24 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from largebatch_trainer.tasks import Task
+from largebatch_trainer.tasks import Pairs, Task
 
 HELD_OUT_EVERY = 5
 CLASSES = 10
 
 
-class Images(torch.utils.data.Dataset):
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
-
-
-def load(held_out: bool) -> Images:
+def load(held_out: bool) -> Pairs:
     """The training images (held_out False) or every 5th image (held_out True), in the bundled order."""
     try:
         from sklearn.datasets import load_digits
@@ -47,7 +36,7 @@ def load(held_out: bool) -> Images:
     x = torch.tensor(bunch.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
     y = torch.tensor(bunch.target, dtype=torch.int64)
     chosen = (torch.arange(len(y)) % HELD_OUT_EVERY == 0) == held_out
-    return Images(x[chosen], y[chosen])
+    return Pairs(x[chosen], y[chosen])
 
 
 class BasicBlock(nn.Module):

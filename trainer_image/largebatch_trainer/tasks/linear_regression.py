@@ -9,18 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from largebatch_trainer.tasks import Task
-
-
-class LinearData(torch.utils.data.Dataset):
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
+from largebatch_trainer.tasks import Pairs, Task
 
 
 def true_weights(dim: int, data_seed: int) -> torch.Tensor:
@@ -29,13 +18,13 @@ def true_weights(dim: int, data_seed: int) -> torch.Tensor:
     return w / w.norm()
 
 
-def make_data(dim: int, samples: int, noise: float, data_seed: int, sample_seed: int) -> LinearData:
+def make_data(dim: int, samples: int, noise: float, data_seed: int, sample_seed: int) -> Pairs:
     """`samples` draws of (x, y) from the regression whose w* `data_seed` fixes; `sample_seed` picks the
     draws, so that training and held-out sets share w* and differ only in their samples."""
     g = torch.Generator().manual_seed(sample_seed)
     x = torch.randn(samples, dim, generator=g)
     y = x @ true_weights(dim, data_seed) + noise * torch.randn(samples, generator=g)
-    return LinearData(x, y)
+    return Pairs(x, y)
 
 
 def noise_scale(w: torch.Tensor, dim: int, noise: float, data_seed: int = 0) -> float:
