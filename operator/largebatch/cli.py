@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated
@@ -416,13 +420,11 @@ def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context:
     name = manifest.metadata.name
     document = jobfile.read_document(path)
     created = _read(cluster.submit, ns, document)
-    try:
+    with _ctrl_c() as stop:
         console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
         if detach:
             return
-        ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, wide=False, until=("Succeeded", "Failed"))
-    except KeyboardInterrupt:
-        ended = None
+        ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, False, stop, until=("Succeeded", "Failed"))
     if ended is None:
         console.print(f"Stopped following; {name} goes on. lbctl status {name} -n {ns} --watch to follow again, "
                       f"kubectl delete lbj {name} -n {ns} to stop it.")  # fmt: skip
@@ -449,26 +451,35 @@ def _jobs_table(jobs: list[dict], ns: str | None, wide: bool) -> Table | str:
     return grid
 
 
-def _follow(fetch, ns: str | None, wide: bool, until: tuple[str, ...] = ()) -> list[dict] | None:
-    """Keep the jobs' table up to date until every job is in a phase of `until` (then the jobs), or
-    Ctrl-C (then None)."""
-    import time
+@contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """An event that Ctrl-C (SIGINT) sets while the block runs. A flag the loop reads, not a
+    KeyboardInterrupt: raised at an arbitrary point inside rich's live display or the HTTP client, the
+    exception can leave a lock taken, and lbctl then hung instead of stopping (seen in the e2e test)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
+
+def _follow(fetch, ns: str | None, wide: bool, stop: threading.Event, until: tuple[str, ...] = ()) -> list[dict] | None:
+    """Keep the jobs' table up to date until every job is in a phase of `until` (then the jobs), or
+    `stop` is set (then None)."""
     from rich.live import Live
 
     def ended(jobs: list[dict]) -> bool:
         return bool(until) and bool(jobs) and all((j.get("status") or {}).get("phase") in until for j in jobs)
 
-    try:
-        jobs = fetch()
-        with Live(_jobs_table(jobs, ns, wide), console=console, refresh_per_second=1) as live:
-            while not ended(jobs):
-                time.sleep(2)
-                jobs = fetch()
-                live.update(_jobs_table(jobs, ns, wide))
-        return jobs
-    except KeyboardInterrupt:
-        return None
+    jobs = fetch()
+    with Live(_jobs_table(jobs, ns, wide), console=console, refresh_per_second=1) as live:
+        while not ended(jobs):
+            if stop.wait(2):
+                return None
+            jobs = fetch()
+            live.update(_jobs_table(jobs, ns, wide))
+    return jobs
 
 
 def _cluster(context: str | None):
@@ -516,7 +527,8 @@ def status(
         return
 
     if watch:
-        _follow(fetch, ns, output == "wide")  # until Ctrl-C, which stops following; the jobs go on
+        with _ctrl_c() as stop:
+            _follow(fetch, ns, output == "wide", stop)  # until Ctrl-C, which stops following; the jobs go on
     else:
         console.print(_jobs_table(fetch(), ns, output == "wide"))
 
