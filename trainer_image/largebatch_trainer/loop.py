@@ -135,7 +135,7 @@ class Trainer:
         self.restarts = _restarts_of_any_agent(self.env.restart_count, self.device)
         self.metrics.restarts.set(self.restarts)
         if self.evaluations and self.env.rank == 0:  # the latest evaluation before this start, as it was
-            self.metrics.evaluation(self.evaluations[-1][2], _accuracy_of(self.evaluations[-1]))
+            self.metrics.evaluation(*self.evaluations[-1][2:])
         self.throughput: float | None = None
         self._last_report = 0.0
 
@@ -371,7 +371,7 @@ class Trainer:
             tokens=p.samples * self.task.tokens_per_sample,
             loss=self.last_loss,
             eval_loss=self.evaluations[-1][2] if self.evaluations else None,
-            eval_accuracy=_accuracy_of(self.evaluations[-1]) if self.evaluations else None,
+            eval_accuracy=self.evaluations[-1][3] if self.evaluations else None,
             eval_step=self.evaluations[-1][0] if self.evaluations else None,
             noise_scale=self.noise.value,
             samples_per_second=self.throughput,
@@ -463,8 +463,3 @@ def _eval_mode(model: torch.nn.Module, on: bool):
         yield
     finally:
         model.train()
-
-
-def _accuracy_of(evaluation: list) -> float | None:
-    """Checkpoints written before accuracy was recorded hold [step, samples, loss]."""
-    return evaluation[3] if len(evaluation) > 3 else None

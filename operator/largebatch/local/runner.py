@@ -297,10 +297,9 @@ class LocalRun:
 
 
 def _evaluation(saved: list) -> dict:
-    """One held-out evaluation of the checkpoint: [step, samples, loss, accuracy], or [step, samples, loss]
-    in checkpoints written before accuracy was recorded."""
-    step, samples, loss, *rest = saved
-    return {"step": step, "samples": samples, "evalLoss": loss, "evalAccuracy": rest[0] if rest else None}
+    """One held-out evaluation of the checkpoint: [step, samples, loss, accuracy or None]."""
+    step, samples, loss, accuracy = saved
+    return {"step": step, "samples": samples, "evalLoss": loss, "evalAccuracy": accuracy}
 
 
 def _merge(old: dict, new: dict | None) -> dict:
