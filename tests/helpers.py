@@ -85,3 +85,9 @@ def lbctl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess
     exe = shutil.which("lbctl", path=str(ROOT / ".venv" / "bin")) or shutil.which("lbctl")
     command = [exe] if exe else [sys.executable, "-m", "largebatch"]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def divergences_raised(log: str) -> int:
+    """How many times a worker raised the trainer's divergence error in this log (its traceback's last
+    line, unindented; torchrun's failure summary repeats it indented): one unless it was restarted."""
+    return sum(line.startswith("largebatch_trainer.loop.DivergenceError: ") for line in log.splitlines())

@@ -18,11 +18,11 @@ PROGRESS_KUBERNETES = "LARGEBATCH_PROGRESS_KUBERNETES"
 REPORT_SECONDS = "LARGEBATCH_REPORT_SECONDS"
 
 MAX_RESTARTS = 3
-# How the trainer words a NaN or infinite loss: the same steps from the same checkpoint would diverge again,
-# so a runner that reads it in a log gives up at once instead of restarting.
-DIVERGED = "training diverged"
 """Worker-group restarts an agent makes before it gives up (lost peers and scale-downs use them up);
 the shell then replaces the node."""
+DIVERGED = "training diverged"
+"""How the trainer words a NaN or infinite loss. The same steps from the same checkpoint would diverge
+again, so an agent, a runner or the operator that reads it gives up at once instead of restarting."""
 
 
 @dataclass(frozen=True)

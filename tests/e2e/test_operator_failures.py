@@ -11,7 +11,7 @@ from tests.cluster.pod_runner import PodRunner
 from tests.e2e.jobs import apply
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.test_operator import job_document, shared_claim, status_of
-from tests.helpers import wait_for
+from tests.helpers import divergences_raised, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +39,23 @@ def worker_pods(cluster, namespace: str, job: str) -> list[str]:
 
 
 def test_a_worker_that_keeps_failing_fails_the_job_with_its_last_lines(crd, namespace, operator, tmp_path):
+    """Beside it, a job whose loss becomes infinite fails at its first failure, restarted neither by its
+    agent nor by the operator, although maxRestarts allows three: it would diverge again."""
     shared_claim(crd, namespace, "checkpoints")
     document = job_document("broken", "checkpoints", maxRestarts=0)
     document["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
+    diverging = job_document("diverging", None, maxRestarts=3, max=1)
+    diverging["spec"]["optimizer"]["lr"] = 100  # the most the API allows: the loss overflows within steps
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
         assert apply(crd, document, namespace).returncode == 0
+        assert apply(crd, diverging, namespace).returncode == 0
         failed = wait_for(lambda: condition(crd, namespace, "broken", "Failed"), timeout=240, what="Failed")
+        diverged = wait_for(lambda: condition(crd, namespace, "diverging", "Failed"), timeout=240, what="diverged")
         assert pods.errors == []
+        assert divergences_raised(pods.log("diverging-worker-0")) == 1  # its agent did not restart it
+    assert pods.started.count("diverging-worker-0") == 1  # nor replaced by the operator
+    assert diverged["reason"] == "Diverged" and "training diverged: the loss of step" in diverged["message"]
+    assert status_of(crd, namespace, "diverging")["workers"]["restarts"] == 1
     assert status_of(crd, namespace, "broken")["phase"] == "Failed"
     assert failed["reason"] == "TooManyRestarts"
     # The worker's own words, from its termination message (the log tail, FallbackToLogsOnError).

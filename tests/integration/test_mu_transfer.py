@@ -14,7 +14,7 @@ import yaml
 
 from largebatch.local.nodes import parent_of
 from largebatch_trainer import checkpoint
-from tests.helpers import wait_for
+from tests.helpers import divergences_raised, wait_for
 from tests.integration.trainer_helpers import (
     LBCTL,
     PYTHON,
@@ -78,6 +78,9 @@ def test_a_sweep_runs_its_proxies_finds_the_best_lr_and_writes_it_into_the_job(t
     runs = {(r["width"], r["lr"]): r for r in results["runs"]}
     assert len(runs) == 4 and (out / "sweep.png").stat().st_size > 0
     assert runs[(32, 30.0)]["status"] == runs[(64, 30.0)]["status"] == "diverged"  # stopped by the trainer
+    # and not restarted by torchrun's agent: the diverged proxies' one worker raised once
+    raised = {log.parents[2].name: divergences_raised(log.read_text()) for log in out.glob("*/run/logs/node-*.log")}
+    assert raised == {"proxy-w32-lr0": 0, "proxy-w32-lr1": 1, "proxy-w64-lr0": 0, "proxy-w64-lr1": 1}
     for width in (32, 64):
         assert runs[(width, 0.03)]["status"] == "complete" and results["best"][str(width)] == 0.03
     transferred = yaml.safe_load(tuned.read_text())

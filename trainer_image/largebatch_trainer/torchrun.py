@@ -8,6 +8,9 @@ pod), and all ranks of a job finish at the same step (they agree on it through t
 all-reduce), so agents reach the barrier within a second or two of each other. A peer that has not
 arrived after EXIT_BARRIER_SECONDS is not coming: its worker was restarted into a new round, or its
 node is gone. Waiting five minutes for it only delays the end of the job; see docs/trainer.md.
+
+A worker group that failed because training diverged (a NaN or infinite loss) is not restarted: the same
+steps from the same checkpoint would diverge again, so the agent gives up at once and the shell reports it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch.distributed import run
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher
 
+from largebatch import launch
 from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
 
 EXIT_BARRIER_SECONDS = float(os.environ.get("LARGEBATCH_EXIT_BARRIER_SECONDS", "10"))
@@ -27,11 +31,18 @@ DIE_WITH_PARENT = "LARGEBATCH_AGENT_DIES_WITH_PARENT"
 
 
 class Agent(LocalElasticAgent):
-    """torchrun's agent with largebatch's exit barrier timeout."""
+    """torchrun's agent with largebatch's exit barrier timeout, which does not restart a diverged group."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("exit_barrier_timeout", EXIT_BARRIER_SECONDS)
         super().__init__(*args, **kwargs)
+
+    def _monitor_workers(self, worker_group):
+        result = super()._monitor_workers(worker_group)
+        # Every rank raises on the same all-reduced loss; one rank's error file saying so is enough.
+        if result.is_failed() and any(launch.DIVERGED in str(f.message) for f in result.failures.values()):
+            self._remaining_restarts = 0
+        return result
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from largebatch import controller, report, timestamps
+from largebatch import controller, launch, report, timestamps
 from largebatch.api import LargeBatchJob
 from largebatch.kube import api_errors, manifests, world
 from largebatch.kube.manifests import JOB_LABEL, ROLE_LABEL, Names
@@ -202,13 +202,20 @@ def _reconcile(
     failed = [i for i in pods.failed if apis.delete_pod(namespace, names.worker(i))]
     restarts = workers.get("restarts", 0) + len(failed)
     last_error = "".join(f"\n{names.worker(i)}: {world.last_lines(pods.errors[i])}" for i in failed if i in pods.errors)
-    if restarts > spec.workers.max_restarts:
-        message = (
-            f"{restarts} worker failures, more than workers.maxRestarts {spec.workers.max_restarts}; "
-            f"last failed: {', '.join(names.worker(i) for i in failed)}{last_error}"
+    # A diverged run would diverge again from the same checkpoint: replacing its workers only repeats it.
+    diverged = [i for i in failed if launch.DIVERGED in pods.errors.get(i, "")]
+    if diverged or restarts > spec.workers.max_restarts:
+        reason, why = (
+            ("Diverged", f"{launch.DIVERGED}; not restarted (it would diverge again)")
+            if diverged
+            else (
+                "TooManyRestarts",
+                f"{restarts} worker failures, more than workers.maxRestarts {spec.workers.max_restarts}",
+            )
         )
+        message = f"{why}; last failed: {', '.join(names.worker(i) for i in failed)}{last_error}"
         _remove_pods(apis, namespace, all_pods)
-        condition("Failed", True, "TooManyRestarts", message)
+        condition("Failed", True, reason, message)
         emit("Warning", "Failed", message)
         set_status("phase", "Failed")
         set_status("completionTime", stamp)
