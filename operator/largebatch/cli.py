@@ -29,6 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+# A line that names a path is printed with soft_wrap=True: rich would fold a path longer than the
+# terminal into pieces, with newlines inside it, that no longer paste into a shell.
 console = Console()
 errors = Console(stderr=True)
 
@@ -115,7 +117,7 @@ def plan(
                       "(none measured yet) is only the start; pass --noise-scale to see the phases for one "
                       "value.")  # fmt: skip
     if plot is not None:
-        console.print(f"Plot written to {escape(str(plot))}")
+        console.print(f"Plot written to {escape(str(plot))}", soft_wrap=True)
 
 
 @app.command()
@@ -263,7 +265,7 @@ def coord_check(
         growth = f"{last[-1] / last[0]:.2f}×" if last[0] else "–"
         rows.add_row(escape(layer), *(f"{v:.4g}" for v in last), growth)
     console.print(rows)
-    console.print(f"Picture {escape(str(out))}, table {escape(str(table_path))}")
+    console.print(f"Picture {escape(str(out))}, table {escape(str(table_path))}", soft_wrap=True)
 
 
 @app.command("sweep")
@@ -310,7 +312,7 @@ def sweep_command(
         raise _fail(exc) from None
     root = out_dir or Path("runs") / f"sweep-{manifest.metadata.name}"
     console.print(f"{len(runs)} proxy runs ({len(width_list)} widths × {len(lrs)} LRs), {parallel} at a time, in "
-                  f"{escape(str(root))}")  # fmt: skip
+                  f"{escape(str(root))}", soft_wrap=True)  # fmt: skip
 
     def done(o: sweep.Outcome) -> None:
         loss = f"{o.loss:.4f}" if o.loss is not None else o.status
@@ -324,7 +326,9 @@ def sweep_command(
     }, indent=1))  # fmt: skip
     sweep.plot(outcomes, root / "sweep.png", title=f"{manifest.metadata.name}: final loss against LR")
     console.print(_sweep_table(outcomes, width_list, lrs, found))
-    console.print(f"Results {escape(str(root / 'results.json'))}, plot {escape(str(root / 'sweep.png'))}")
+    console.print(
+        f"Results {escape(str(root / 'results.json'))}, plot {escape(str(root / 'sweep.png'))}", soft_wrap=True
+    )
     if len(found) < len(width_list):
         raise _fail(f"no proxy run finished at width(s) {sorted(set(width_list) - set(found))}: see the logs in "
                     f"{root}", code=1)  # fmt: skip
@@ -333,7 +337,7 @@ def sweep_command(
         apply.write_text(yaml.safe_dump(sweep.transferred(document, chosen.trial.lr), sort_keys=False))
         target = spec.task.args.get("width", "the task's default")
         console.print(f"LR {chosen.trial.lr:.4g} (best at width {width_list[-1]}) written for width {target} to "
-                      f"{escape(str(apply))}")  # fmt: skip
+                      f"{escape(str(apply))}", soft_wrap=True)  # fmt: skip
         if spec.task.args.get("parametrization") != "mup":
             console.print("[yellow]note:[/] under the standard parametrization the best LR moves with width; "
                           "set task.args.parametrization: mup for an LR that transfers")  # fmt: skip
