@@ -22,7 +22,7 @@ run: venv
 
 test: venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 # The test control plane and the observability tests' Prometheus: pinned upstream binaries built from
 # their Go modules into ~/.cache/largebatch.

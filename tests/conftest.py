@@ -23,3 +23,12 @@ settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("thorough", max_examples=2_000, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), every e2e test goes to the
+    same worker, so that one control plane (a session fixture) serves them all while the other worker
+    runs the unit and process tests: the e2e tests mostly wait on the cluster, the others on the CPU."""
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.xdist_group("control-plane"))
