@@ -22,6 +22,6 @@ def test_newer_values_win_and_a_missing_report_changes_nothing():
     assert _merge({}, after) == after
 
 
-def test_evaluations_carry_accuracy_and_older_checkpoints_without_it_still_read():
+def test_evaluations_carry_their_accuracy_or_none():
     assert _evaluation([7, 224, 0.5, 0.875]) == {"step": 7, "samples": 224, "evalLoss": 0.5, "evalAccuracy": 0.875}
     assert _evaluation([7, 224, 0.5, None])["evalAccuracy"] is None  # a task that does not classify

@@ -1,4 +1,5 @@
-"""`python -m largebatch_trainer.torchrun ARGS`: torchrun, with the one setting its command line lacks.
+"""`python -m largebatch_trainer.torchrun ARGS`: torchrun, with two things its command line cannot say:
+a shorter exit barrier, and no restart of a worker group that diverged.
 
 When an agent's workers have finished, torchelastic holds the agent in an "exit barrier" until every
 other agent of the rendezvous round has finished too, for up to `exit_barrier_timeout` seconds (300 by
