@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,13 +147,14 @@ def run_all(
             while waiting and len(active) < parallel:
                 trial = waiting.pop(0)
                 active[trial] = _start(document, trial, root, parallel, samples)
+            # Until a proxy ends; WNOWAIT leaves it for its Popen to reap (the proxies are the only children).
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
             for trial, process in list(active.items()):
                 if process.poll() is not None:
                     del active[trial]
                     outcome = read_outcome(trial, root) or Outcome(trial, None, "failed")
                     outcomes[trial] = outcome
                     on_done(outcome)
-            time.sleep(0.2)  # polling child processes; nothing here waits on a state to appear
     finally:
         for process in active.values():
             process.terminate()
