@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 
 from largebatch import job_view, plan_report
 from largebatch.api import LargeBatchJob
@@ -61,3 +63,22 @@ def test_the_plan_ahead_starts_where_the_job_is():
     current = next(r for r in whole.rows if r.phase.start < 13_000_000 < r.phase.end)
     assert ahead.rows[0].phase.steps == -(-(current.phase.end - 13_000_000) // current.phase.global_batch)
     assert all(r.workers <= 2 for r in ahead.rows)  # capped by the capacity the cluster showed
+
+
+def test_ctrl_c_while_following_ends_the_loop_instead_of_raising_inside_it():
+    """A real SIGINT in the middle of a fetch (where an HTTP call runs) sets the flag the loop reads; a
+    KeyboardInterrupt raised there instead could leave a lock of rich's or the client's taken."""
+    from largebatch import cli
+
+    fetches = []
+
+    def fetch() -> list[dict]:
+        fetches.append(job_object(RUNNING))
+        if len(fetches) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return fetches[-1:]
+
+    with cli._ctrl_c() as stop:
+        assert cli._follow(fetch, "team-a", False, stop) is None  # never ends by itself: no `until`
+    assert len(fetches) == 2 and stop.is_set()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C raises again afterwards
