@@ -107,3 +107,22 @@ def test_the_preconditioned_estimator_matches_its_closed_form_on_linear_regressi
 def test_no_preconditioner_before_the_optimizer_has_second_moments():
     model = torch.nn.Linear(3, 1)
     assert preconditioners(torch.optim.AdamW(model.parameters())) is None
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_preconditioner_reads_adamws_own_state_after_real_steps(fused):
+    """torch keeps AdamW's step as a tensor (on the parameters' device when fused), which the bias
+    correction uses where it lives; the result is the textbook 1/(sqrt(v / (1 - beta2^t)) + eps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.99), eps=1e-6, fused=fused)
+    for _ in range(3):
+        model(torch.randn(8, 4)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    weights = preconditioners(optimizer)
+    for p in model.parameters():
+        state = optimizer.state[p]
+        assert torch.is_tensor(state["step"]) and float(state["step"]) == 3
+        expected = 1 / ((state["exp_avg_sq"] / (1 - 0.99**3)).sqrt() + 1e-6)
+        torch.testing.assert_close(weights[p.data_ptr()], expected)

@@ -75,11 +75,15 @@ def preconditioners(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]
             state = optimizer.state.get(p, {})
             if "exp_avg_sq" not in state:
                 continue
-            t = float(state.get("step", group.get("step", 0)))
-            if t < 1:
+            step = state.get("step", group.get("step", 0))
+            if torch.is_tensor(step):
+                # torch's AdamW keeps the step as a tensor, on the GPU when fused: reading it would make the
+                # host wait once per parameter, so the bias correction is computed where it lives.
+                step = step.double()
+            elif step < 1:
                 continue
             with torch.no_grad():
-                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(1.0 - beta2**t).sqrt_().add_(eps))
+                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(1.0 - beta2**step).sqrt_().add_(eps))
     return weights or None
 
 
