@@ -428,7 +428,9 @@ def _submit(path: Path, manifest: LargeBatchJob, namespace: str | None, context:
         console.print(f"largebatchjob {name} created in {ns} (generation {created['metadata'].get('generation')})")
         if detach:
             return
-        ended = _follow(lambda: [_read(cluster.job, ns, name)], ns, False, stop, until=("Succeeded", "Failed"))
+        ended = _follow(
+            lambda: [_read(cluster.job, ns, name)], ns, wide=False, stop=stop, until=("Succeeded", "Failed")
+        )
     if ended is None:
         console.print(f"Stopped following; {name} goes on. lbctl status {name} -n {ns} --watch to follow again, "
                       f"kubectl delete lbj {name} -n {ns} to stop it.")  # fmt: skip

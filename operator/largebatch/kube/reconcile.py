@@ -203,16 +203,13 @@ def _reconcile(
     restarts = workers.get("restarts", 0) + len(failed)
     last_error = "".join(f"\n{names.worker(i)}: {world.last_lines(pods.errors[i])}" for i in failed if i in pods.errors)
     # A diverged run would diverge again from the same checkpoint: replacing its workers only repeats it.
-    diverged = [i for i in failed if launch.DIVERGED in pods.errors.get(i, "")]
+    diverged = any(launch.DIVERGED in pods.errors.get(i, "") for i in failed)
     if diverged or restarts > spec.workers.max_restarts:
-        reason, why = (
-            ("Diverged", f"{launch.DIVERGED}; not restarted (it would diverge again)")
-            if diverged
-            else (
-                "TooManyRestarts",
-                f"{restarts} worker failures, more than workers.maxRestarts {spec.workers.max_restarts}",
-            )
-        )
+        if diverged:
+            reason, why = "Diverged", f"{launch.DIVERGED}; not restarted (it would diverge again)"
+        else:
+            limit = spec.workers.max_restarts
+            reason, why = "TooManyRestarts", f"{restarts} worker failures, more than workers.maxRestarts {limit}"
         message = f"{why}; last failed: {', '.join(names.worker(i) for i in failed)}{last_error}"
         _remove_pods(apis, namespace, all_pods)
         condition("Failed", True, reason, message)
