@@ -29,6 +29,8 @@ def condition(cluster, namespace: str, name: str, kind: str) -> dict | None:
 
 
 def events(cluster, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the job's Events. kopf posts Events from a queue of its own, after the
+    status patch a test may already have seen: a test waits for an Event rather than reading it once."""
     found = client.CoreV1Api(cluster.api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
     return [(e.type, e.reason, e.message) for e in found.items]
 
@@ -61,8 +63,9 @@ def test_a_worker_that_keeps_failing_fails_the_job_with_its_last_lines(crd, name
     # The worker's own words, from its termination message (the log tail, FallbackToLogsOnError).
     assert "1 worker failures, more than workers.maxRestarts 0" in failed["message"]
     assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed["message"]
-    said = events(crd, namespace, "broken")
-    assert any(reason == "Failed" and "no_such_task" in message for _, reason, message in said), said
+    wait_for(lambda: any(reason == "Failed" and "no_such_task" in message
+                         for _, reason, message in events(crd, namespace, "broken")),
+             what="the Failed Event")  # fmt: skip
     wait_for(lambda: not worker_pods(crd, namespace, "broken"), what="the pods removed")
     assert operator.process.poll() is None
 
@@ -78,7 +81,8 @@ def test_a_missing_claim_or_pull_secret_is_a_condition_and_an_event(crd, namespa
         assert (blocked["status"], blocked["reason"]) == ("True", "VolumeClaimNotFound")
         assert "checkpoint.claimName 'not-created-yet'" in blocked["message"]
         assert worker_pods(crd, namespace, "noclaim") == []  # no pods that could never start
-        assert ("Warning", "VolumeClaimNotFound", blocked["message"]) in events(crd, namespace, "noclaim")
+        wait_for(lambda: ("Warning", "VolumeClaimNotFound", blocked["message"]) in events(crd, namespace, "noclaim"),
+                 what="the VolumeClaimNotFound Event")  # fmt: skip
 
         stuck = wait_for(lambda: condition(crd, namespace, "nosecret", "WorkersBlocked"), what="the pull refused")
         assert (stuck["status"], stuck["reason"]) == ("True", "ErrImagePull")
@@ -101,7 +105,8 @@ def test_a_namespace_quota_is_a_condition_and_the_job_starts_when_it_is_raised(c
     rejected = wait_for(lambda: condition(crd, namespace, "quota", "WorkersBlocked"), what="the pod refused")
     assert (rejected["status"], rejected["reason"]) == ("True", "PodRejected")
     assert "quota-worker-0" in rejected["message"] and "exceeded quota" in rejected["message"], rejected["message"]
-    assert any(reason == "PodRejected" for _, reason, _ in events(crd, namespace, "quota"))
+    wait_for(lambda: any(reason == "PodRejected" for _, reason, _ in events(crd, namespace, "quota")),
+             what="the PodRejected Event")  # fmt: skip
 
     core.patch_namespaced_resource_quota("pods", namespace, {"spec": {"hard": {"pods": "4"}}})
     wait_for(lambda: worker_pods(crd, namespace, "quota") == ["quota-worker-0"], what="the worker created")
