@@ -7,12 +7,13 @@ PY     := $(VENV)/bin/python
 LBCTL  := $(VENV)/bin/lbctl
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv crds dashboards lint cluster-tools cluster-up cluster-down
+.PHONY: run test venv crds dashboards images lint cluster-tools cluster-up cluster-down
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the torch that the tests run and the trainer image ships.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[trainer,digits,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[trainer,digits,dev]"
 	touch $@
 
 venv: $(STAMP)
@@ -24,9 +25,15 @@ test: venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
 	$(PY) -m pytest -n 2 --dist loadgroup
 
-# The test control plane and the observability tests' Prometheus: pinned upstream binaries built from
-# their Go modules into ~/.cache/largebatch.
+# The operator and trainer images (docker or podman): IMAGE_REPOSITORY, IMAGE_TAG, BASE, PUSH=1 (dev/images.sh).
+images:
+	dev/images.sh
+
+# The test control plane, its real node and the observability tests' Prometheus: Debian's containerd, runc,
+# dockerd, debootstrap and registry, and pinned upstream binaries built from their Go modules into
+# ~/.cache/largebatch.
 cluster-tools:
+	tests/cluster/install_packages.sh
 	tests/cluster/build_tools.sh
 	tests/cluster/build_monitoring.sh
 

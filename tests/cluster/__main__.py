@@ -1,4 +1,5 @@
-"""`python -m tests.cluster up|down`: the test control plane by hand (make cluster-up / cluster-down)."""
+"""`python -m tests.cluster up|down`: the test control plane by hand (make cluster-up / cluster-down).
+`up --real-node` adds the real node (tests/cluster/node.py, as root) and a registry it pulls from."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
+from tests.cluster import node
 from tests.cluster.cluster import Cluster, stop_groups, tools
+from tests.cluster.images import Registry
 
 
 def main() -> None:
@@ -17,12 +20,18 @@ def main() -> None:
     parser.add_argument("--gpu-nodes", type=int, default=2)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--cpu-nodes", type=int, default=1)
+    parser.add_argument("--real-node", action="store_true", help="a kubelet with containerd (as root)")
     args = parser.parse_args()
     directory = args.dir.resolve()
     if args.action == "down":
         pids = directory / "pids"
-        groups = [int(line.split()[1]) for line in pids.read_text().splitlines()] if pids.exists() else []
-        stop_groups(groups)
+        groups = dict(line.split() for line in pids.read_text().splitlines()) if pids.exists() else {}
+        if "kubelet" in groups:  # the real node: the kubelet, then its pods' containers
+            stop_groups([int(groups.pop("kubelet"))])
+            node.remove_containers(directory / "node" / "containerd.sock")
+        stop_groups([int(pid) for pid in groups.values()])
+        if (directory / "node").exists():
+            node.clean_host(tools())
         shutil.rmtree(directory, ignore_errors=True)
         print(f"cluster in {directory} stopped")
         return
@@ -31,7 +40,17 @@ def main() -> None:
     shutil.rmtree(directory, ignore_errors=True)
     started = time.monotonic()
     cluster = Cluster(directory, tools())
-    cluster.start(args.gpu_nodes, args.gpus_per_node, args.cpu_nodes)
+    real_node = None
+    if args.real_node:
+        registry = Registry(directory / "registry")
+        real_node = lambda c: node.RealNode(c, [registry.host])  # noqa: E731
+    cluster.start(args.gpu_nodes, args.gpus_per_node, args.cpu_nodes, real_node=real_node)
+    if args.real_node:
+        pids = cluster.directory / "pids"
+        extra = {"registry": registry.daemon.process} | cluster.node.processes
+        pids.write_text(pids.read_text() + "".join(f"\n{n} {p.pid}" for n, p in extra.items()))
+        print(f"real node {node.NAME}: pods with the toleration {node.TOLERATION} and the selector {node.SELECTOR}; "
+              f"registry {registry.host}")
     print(
         f"cluster ready in {time.monotonic() - started:.1f} s ({args.gpu_nodes} GPU nodes × {args.gpus_per_node} GPUs, "
         f"{args.cpu_nodes} CPU nodes); kubectl is {cluster.bin / 'kubectl'}"

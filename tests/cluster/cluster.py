@@ -110,19 +110,22 @@ class Pki:
             "kubernetes.default",
             "kubernetes.default.svc",
             "10.0.0.1",
+            "10.244.0.1",  # tests/cluster/node.py's NODE_IP, where the real node's pods reach the API server
         ]
-        self._issue("apiserver", _name("kube-apiserver"), server_names=serving_names)
-        self._issue("admin", _name("admin", "system:masters"), client=True)
-        self._issue("scheduler", _name("system:kube-scheduler"), client=True)
-        self._issue("controller-manager", _name("system:kube-controller-manager"), client=True)
-        self._issue("kwok", _name("kwok", "system:masters"), client=True)
+        self.issue("apiserver", _name("kube-apiserver"), server_names=serving_names)
+        self.issue("admin", _name("admin", "system:masters"), client=True)
+        self.issue("scheduler", _name("system:kube-scheduler"), client=True)
+        self.issue("controller-manager", _name("system:kube-controller-manager"), client=True)
+        self.issue("kwok", _name("kwok", "system:masters"), client=True)
+        # The API server's own login to kubelets (logs, exec), as kubeadm's apiserver-kubelet-client.
+        self.issue("apiserver-kubelet-client", _name("kube-apiserver-kubelet-client", "system:masters"), client=True)
         sa = _key()
         (d / "sa.key").write_bytes(_pem_key(sa))
         (d / "sa.pub").write_bytes(
             sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
 
-    def _issue(self, name: str, subject: x509.Name, **kw) -> None:
+    def issue(self, name: str, subject: x509.Name, **kw) -> None:
         key = _key()
         self._write(name, key, _certificate(subject, key, self.ca_cert, self.ca_key, **kw))
 
@@ -167,10 +170,14 @@ class Cluster:
     def kubeconfig(self) -> Path:
         return self.directory / "admin.kubeconfig"
 
-    def start(self, gpu_nodes: int = 2, gpus_per_node: int = 8, cpu_nodes: int = 1, timeout: float = 60) -> None:
+    def start(
+        self, gpu_nodes: int = 2, gpus_per_node: int = 8, cpu_nodes: int = 1, timeout: float = 60, real_node=None
+    ) -> None:
+        """`real_node`: a callable given this cluster that starts a real node (tests/cluster/node.py)
+        once the control plane runs; the API server then listens where that node's pods reach it."""
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
-        pki = Pki(d / "pki")
+        self.pki = pki = Pki(d / "pki")
         pki.create()
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{api_port}"
@@ -186,8 +193,10 @@ class Cluster:
         self._spawn(
             "kube-apiserver",
             [
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--secure-port={api_port}", "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1", f"--cert-dir={d / 'apiserver-certs'}",
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--secure-port={api_port}",
+                *self._addresses(real_node), f"--cert-dir={d / 'apiserver-certs'}",
+                f"--kubelet-client-certificate={pki.path('apiserver-kubelet-client.crt')}",
+                f"--kubelet-client-key={pki.path('apiserver-kubelet-client.key')}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}", f"--tls-private-key-file={pki.path('apiserver.key')}",
                 f"--client-ca-file={pki.path('ca.crt')}", "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc",
@@ -222,11 +231,27 @@ class Cluster:
                 "--node-ip=10.1.0.1", "--cidr=10.2.0.0/16", f"--config={self.bin / 'kwok-stages.yaml'}",
             ],
         )  # fmt: skip
+        if real_node:
+            self.node = real_node(self)
+            self.node.start()
         for i in range(gpu_nodes):
             self.add_node(f"gpu-{i}", gpus=gpus_per_node)
         for i in range(cpu_nodes):
             self.add_node(f"cpu-{i}", gpus=0)
         (d / "pids").write_text("\n".join(f"{n} {p.pid}" for n, p in self.processes.items()))
+
+    @staticmethod
+    def _addresses(real_node) -> list[str]:
+        """Loopback only, unless a real node's pods must reach the API server: then on every address,
+        advertised on the node's (the `kubernetes` Service's endpoint, where kube-proxy sends pods)."""
+        if not real_node:
+            return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+        from tests.cluster.node import NODE_IP
+
+        # The node registers its address; the API server reaches it there for logs (no DNS for node names).
+        return [
+            "--bind-address=0.0.0.0", f"--advertise-address={NODE_IP}", "--kubelet-preferred-address-types=InternalIP"
+        ]  # fmt: skip
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.directory / f"{name}.log", "wb")
@@ -319,6 +344,8 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop in reverse start order (the API server shuts down quickly only while etcd is up)."""
+        if getattr(self, "node", None):
+            self.node.stop()
         stop_groups([p.pid for p in self.processes.values()])
         for process in self.processes.values():
             process.wait()

@@ -7,21 +7,47 @@ import re
 import pytest
 from kubernetes import client, config
 
+from tests.cluster import images as container_images
 from tests.cluster.cluster import Cluster, tools
+from tests.cluster.node import RealNode
 from tests.cluster.prometheus import monitoring_tools
 from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
 from tests.helpers import wait_for
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
+def registry(tmp_path_factory):
+    """A registry on loopback that the real node pulls the project's images from."""
+    handle = container_images.Registry(tmp_path_factory.mktemp("registry"))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory, registry):
+    """The control plane, KWOK's fake nodes and one real node (tests/cluster/node.py)."""
     handle = Cluster(tmp_path_factory.mktemp("cluster"), tools())
     try:
-        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1)
+        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1, real_node=lambda c: RealNode(c, [registry.host]))
         handle.api = config.new_client_from_config(str(handle.kubeconfig))
         yield handle
     finally:
         handle.stop()
+
+
+@pytest.fixture(scope="session")
+def docker(tmp_path_factory):
+    """A Docker engine whose data (built layers, the debootstrap base) is kept in the per-user cache."""
+    handle = container_images.Docker(tmp_path_factory.mktemp("docker"))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
+def images(docker, registry):
+    """The operator and trainer images, built by `make images` on the debootstrap base and pushed to the
+    registry (tests/cluster/images.py)."""
+    return container_images.build(docker, registry)
 
 
 @pytest.fixture

@@ -83,8 +83,17 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
         process.kill()
     stopped = final_state(tmp_path / "interrupted-ckpt")
     assert 0 < stopped["progress"]["samples"] < TOTAL
-    # Resume: the same command without the signal runs to the end.
-    run_standalone(job, 0, "--progress-file", str(progress_file))
+    # What a person reading the log sees (`kubectl logs` of a worker): a progress line from the first step
+    # on, and the step it stopped at.
+    log = process.stdout.read().decode()
+    first = rf"^step 1 samples 16/{TOTAL} batch 16 \(world 1 x accumulation 2\) lr \S+ loss \S+ \d+ samples/s$"
+    assert re.search(first, log, re.M), log
+    assert f"rank 0: stopped after step {stopped['progress']['step']}" in log, log
+    # Resume: the same command without the signal runs to the end, and says where it resumed.
+    rerun = run_standalone(job, 0, "--progress-file", str(progress_file))
+    assert f"at step {stopped['progress']['step']} (samples {stopped['progress']['samples']}) with world size 1" in (
+        rerun.stdout
+    ), rerun.stdout
     resumed = final_state(tmp_path / "interrupted-ckpt")
     assert json.loads(progress_file.read_text())["progress"]["done"] is True
     reference_job = long_job(tmp_path, "reference")

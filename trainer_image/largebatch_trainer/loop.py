@@ -40,6 +40,7 @@ class Options:
     metrics_port: int | None = None
     sink: Sink | None = None
     report_seconds: float = 2.0
+    log_seconds: float = 10.0  # how often rank 0 prints a progress line (what `kubectl logs` of a worker shows)
 
 
 class DivergenceError(ArithmeticError):
@@ -137,7 +138,7 @@ class Trainer:
         if self.evaluations and self.env.rank == 0:  # the latest evaluation before this start, as it was
             self.metrics.evaluation(*self.evaluations[-1][2:])
         self.throughput: float | None = None
-        self._last_report = 0.0
+        self._last_report = self._last_log = 0.0
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -174,6 +175,9 @@ class Trainer:
         # What the last step reported, so that a worker restarted after the end still reports it.
         self.last_loss = state.get("loss")
         self.plan_status = PlanStatus.model_validate(state.get("plan") or {})
+        if self.env.rank == 0:
+            print(f"resumed from checkpoint {chosen[0]} at step {self.progress.step} (samples "
+                  f"{self.progress.samples}) with world size {self.env.world_size}", flush=True)  # fmt: skip
 
     def _save(self) -> None:
         if self.env.rank != 0:
@@ -388,12 +392,25 @@ class Trainer:
         self._report(force=True, done=True)
 
     def _report(self, force: bool = False, done: bool = False) -> None:
-        if self.env.rank != 0 or self.options.sink is None:
+        if self.env.rank != 0:
             return
         now = time.monotonic()
-        if force or now - self._last_report >= self.options.report_seconds:
+        if force or now - self._last_log >= self.options.log_seconds:
+            self._last_log = now
+            print(self.progress_line(), flush=True)
+        if self.options.sink is not None and (force or now - self._last_report >= self.options.report_seconds):
             self._last_report = now
             self.options.sink.report(self.status(done))
+
+    def progress_line(self) -> str:
+        """`step 1200 samples 19200/128000 batch 16 (world 1 x accumulation 1) lr 3.00e-03 loss 2.4312 ...`"""
+        p, plan, total = self.progress, self.plan_status, self.spec.schedule.total_samples
+        fields = [f"step {p.step}", f"samples {p.samples}/{total}", f"batch {p.batch}",
+                  f"(world {self.env.world_size} x accumulation {plan.accumulation_steps})"]  # fmt: skip
+        fields += [f"lr {plan.lr:.3g}"] if plan.lr is not None else []
+        fields += [f"loss {self.last_loss:.4f}"] if self.last_loss is not None else []
+        fields += [f"{self.throughput:.0f} samples/s"] if self.throughput is not None else []
+        return " ".join(fields)
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:

@@ -1,0 +1,3 @@
+module largebatch.dev/testcluster/pause
+
+go 1.26.0

@@ -1,0 +1,169 @@
+"""The images on a real node, as a platform engineer meets them: `make images` builds both (on a Debian
+base, pushed to a registry), `helm install` runs the chart's operator pod from its image on a kubelet
+with containerd and runc, logged in with its in-cluster ServiceAccount token, under a read-only root
+filesystem as uid 1000, ready by its probe; a job applied with `kubectl apply` runs its rendezvous and
+workers in the trainer image on that node (Service names through CoreDNS, Service addresses through
+kube-proxy), grows at the cut and succeeds with every sample used; `kubectl logs` shows a worker's
+progress; a deleted worker (SIGTERM to PID 1 of its container) checkpoints and the restart loses nothing;
+`helm uninstall` stops the operator pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+import torch
+from kubernetes import client
+
+from largebatch_trainer import checkpoint
+from tests.cluster import node
+from tests.e2e.jobs import CHART, apply
+from tests.e2e.test_operator import contiguous, job_document, status_of
+from tests.helpers import ROOT, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TOTAL = 16 * 6_000
+FAST = {"reconcileSeconds": 0.5, "restartSeconds": 0, "unschedulableGraceSeconds": 3}  # the chart's values
+
+
+def pods_of(core: client.CoreV1Api, namespace: str, selector: str) -> list[client.V1Pod]:
+    return [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if not p.metadata.deletion_timestamp]  # fmt: skip
+
+
+def ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def explain(cluster, namespace: str, operator_namespace: str) -> str:
+    """Everything a person would look at when the job did not get where it should."""
+    parts = [cluster.kubectl("get", "pods,lbj", "-o", "wide", "-n", namespace, check=False).stdout,
+             cluster.kubectl("get", "events", "-n", namespace, check=False).stdout[-3000:]]  # fmt: skip
+    for ns in (namespace, operator_namespace):
+        for name in cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout.split():
+            log = cluster.kubectl("logs", name, "-n", ns, "--tail=40", check=False).stdout
+            parts.append(f"--- {ns}/{name}\n{log}")
+    parts.append("--- kubelet\n" + cluster.node.log("kubelet")[-3000:])
+    return "\n".join(parts)
+
+
+def pod_memory(cluster, pod: str, namespace: str) -> int:
+    """A pod's working set as its kubelet measures it (the summary API, through the API server)."""
+    summary = json.loads(cluster.kubectl("get", "--raw", f"/api/v1/nodes/{node.NAME}/proxy/stats/summary").stdout)
+    found = next(p for p in summary["pods"] if p["podRef"]["name"] == pod and p["podRef"]["namespace"] == namespace)
+    return found["memory"]["workingSetBytes"]
+
+
+@pytest.fixture
+def checkpoints(cluster, core, namespace):
+    """A ReadWriteMany claim bound to a folder of the real node (a hostPath volume: the node is alone,
+    so every pod on it shares the folder). hostPath takes no fsGroup, so the folder is given to the
+    trainer's uid here, as a storage admin's export would be."""
+    folder = cluster.directory / f"volume-{namespace}"
+    folder.mkdir()
+    os.chown(folder, 1000, 1000)
+    core.create_persistent_volume({
+        "metadata": {"name": f"{namespace}-checkpoints"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "hostPath": {"path": str(folder)}, "claimRef": {"namespace": namespace, "name": "checkpoints"}},
+    })  # fmt: skip
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "checkpoints"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "volumeName": f"{namespace}-checkpoints", "resources": {"requests": {"storage": "1Gi"}}},
+    })  # fmt: skip
+    yield folder
+    core.delete_persistent_volume(f"{namespace}-checkpoints")
+
+
+def test_the_images_run_the_torch_the_tests_run_as_uid_1000(images, docker):
+    pinned = next(line.split("==")[1] for line in (ROOT / "constraints.txt").read_text().splitlines()
+                  if line.startswith("torch=="))  # fmt: skip
+    assert torch.__version__.split("+")[0] == pinned  # make test's venv
+    inside = docker.run("run", "--rm", "--network=none", images.trainer, "python", "-c",
+                        "import torch, largebatch_trainer; print(torch.__version__)").stdout  # fmt: skip
+    assert inside.strip() == torch.__version__
+    for image in (images.operator, images.trainer):
+        assert docker.run("image", "inspect", "--format={{.Config.User}}", image).stdout.strip() == "1000"
+
+
+def test_the_real_node_runs_pods_through_containerd(cluster, core):
+    info = core.read_node(node.NAME).status.node_info
+    assert info.container_runtime_version.startswith("containerd://1.")
+    assert info.kubelet_version == "v1.36.3"  # the control plane's own Kubernetes module
+
+
+def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, namespace, core, checkpoints):
+    release, home = "real", f"{namespace[:40]}-ops"
+    label = node.LABEL.replace(".", "\\.")  # helm --set reads dots as nesting
+    crd.helm("install", release, str(CHART), "--namespace", home, "--create-namespace",
+             "--set", f"image.repository={images.repository},image.tag={images.tag}",
+             "--set", f"watchNamespaces={{{namespace}}}",
+             "--set", f"nodeSelector.{label}=real",
+             "--set", f"tolerations[0].key={node.LABEL},tolerations[0].value=real,tolerations[0].effect=NoSchedule",
+             "--set-json", f"operator={json.dumps(FAST)}")  # fmt: skip (--set reads 0.5 as a string)
+    operator_selector = f"app.kubernetes.io/instance={release}"
+    try:
+        # The operator's pod: on the real node, logged in with its mounted token, ready by its probe.
+        pod = wait_for(lambda: next((p for p in pods_of(core, home, operator_selector) if ready(p)), None),
+                       timeout=240, what="the operator's pod ready on the real node")  # fmt: skip
+        assert pod.spec.node_name == node.NAME and pod.status.container_statuses[0].image == images.operator
+        operator_log = lambda: crd.kubectl("logs", pod.metadata.name, "-n", home, check=False).stdout  # noqa: E731
+        wait_for(lambda: "Resuming operations" in operator_log(), what="the operator acting in its peering")
+
+        document = job_document("real", "checkpoints", total=TOTAL, accelerator="none",
+                                pod={"tolerations": [node.TOLERATION], "nodeSelector": node.SELECTOR})  # fmt: skip
+        document["spec"]["image"] = images.trainer
+        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
+                                    "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
+        document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
+        document["spec"]["checkpoint"]["everySteps"] = 100_000  # only the SIGTERM checkpoint and the last
+        created = time.time()
+        assert apply(crd, document, namespace).returncode == 0
+
+        def state() -> dict:
+            return status_of(crd, namespace, "real")
+
+        def waited(condition, what: str, timeout: float = 300):
+            try:
+                return wait_for(condition, timeout=timeout, what=what)
+            except AssertionError:
+                raise AssertionError(
+                    f"timed out waiting for {what}\n{state()}\n{explain(crd, namespace, home)}"
+                ) from None
+
+        waited(lambda: state().get("progress", {}).get("step", 0) > 0, "the first step", timeout=300)
+        first_step = time.time() - created
+        worker = crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout
+        assert re.search(r"^step \d+ samples \d+/\d+ batch 16 \(world 1 x accumulation 1\)", worker, re.M), worker
+
+        # The cut: a second worker joins through the rendezvous Service (CoreDNS, kube-proxy).
+        waited(lambda: state().get("plan", {}).get("worldSize") == 2, "two workers after the cut")
+        waited(lambda: state()["progress"]["samples"] > TOTAL * 0.6 and state()["plan"]["worldSize"] == 2,
+               "training at two workers")  # fmt: skip
+        core.delete_namespaced_pod("real-worker-1", namespace)  # SIGTERM to PID 1 of its container
+        # The group stops at one step and checkpoints it; worker 0's agent restarts its trainer, which
+        # resumes from exactly that checkpoint (both lines in the same container's log).
+        restarted = re.compile(r"stopped after step (\d+).*resumed from checkpoint \S+ at step (\d+)", re.S)
+        found = waited(lambda: restarted.search(crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout),
+                       "worker 0 stopping at the SIGTERM and resuming from its checkpoint")  # fmt: skip
+        assert found.group(1) == found.group(2), found.group(0)
+        waited(lambda: state().get("phase") == "Succeeded", "the job to succeed")
+        status = state()
+        memory = pod_memory(crd, pod.metadata.name, home)
+        print(f"the operator's pod: {memory / 2**20:.0f} MiB working set after the job")
+        assert memory < 512 * 2**20  # the chart's limit
+    finally:
+        crd.helm("uninstall", release, "--namespace", home, "--wait")
+    wait_for(lambda: not pods_of(core, home, operator_selector), timeout=120, what="the operator's pod gone")
+
+    assert status["progress"]["samples"] == TOTAL and status["progress"]["done"] is True
+    runs = checkpoint.newest_intact(checkpoints)[1]["history"]
+    assert contiguous(runs, TOTAL)  # nothing skipped or repeated across the SIGTERM and the restart
+    worlds, batches = [run[3] for run in runs], [run[2] for run in runs]
+    assert worlds[0] == 1 and worlds[-1] == 2 and batches[0] == 16 and batches[-1] == 32, runs
+    print(f"a worker's first step {first_step:.1f} s after the job was applied")
