@@ -49,8 +49,10 @@ def main() -> None:
         pids = cluster.directory / "pids"
         extra = {"registry": registry.daemon.process} | cluster.node.processes
         pids.write_text(pids.read_text() + "".join(f"\n{n} {p.pid}" for n, p in extra.items()))
-        print(f"real node {node.NAME}: pods with the toleration {node.TOLERATION} and the selector {node.SELECTOR}; "
-              f"registry {registry.host}")
+        print(
+            f"real node {node.NAME}: pods with the toleration {node.TOLERATION} and the selector {node.SELECTOR}; "
+            f"registry {registry.host}"
+        )
     print(
         f"cluster ready in {time.monotonic() - started:.1f} s ({args.gpu_nodes} GPU nodes × {args.gpus_per_node} GPUs, "
         f"{args.cpu_nodes} CPU nodes); kubectl is {cluster.bin / 'kubectl'}"

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.cluster import stop_groups
+from tests.cluster.node import unmount_under
 from tests.helpers import ROOT, free_port, wait_for
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "largebatch"
@@ -83,6 +84,7 @@ class Docker:
 
     def stop(self) -> None:
         self.daemon.stop()
+        unmount_under(self.directory)  # dockerd's exec-root keeps a network namespace mounted
 
 
 class Registry:

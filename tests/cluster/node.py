@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -38,6 +39,7 @@ POD_CIDR = "10.244.0.0/24"
 NODE_IP = "10.244.0.1"  # the pods' bridge's own address (their gateway): only this machine's pods reach it
 CLUSTER_CIDR = "10.244.0.0/16"
 BRIDGE = "lbtest-br0"
+NETNS = Path("/var/run/netns")  # where containerd's CRI keeps the pods' network namespaces
 LABEL = "largebatch.io/node"
 TAINT = {"key": LABEL, "value": "real", "effect": "NoSchedule"}
 TOLERATION = {"key": LABEL, "operator": "Equal", "value": "real", "effect": "NoSchedule"}
@@ -69,6 +71,7 @@ class RealNode:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._netns = set(os.listdir(NETNS)) if NETNS.exists() else set()  # containerd's CNI adds its own
         self._network()
         self._containerd()
         self._load_pause_image()
@@ -248,8 +251,11 @@ state = "{self.directory / "containerd-state"}"
     # --- stop -------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """The kubelet first (it stops no pods on its way out), then every pod's containers through
-        containerd, then the rest; kube-proxy's rules and the interfaces go last."""
+        """The node's pods first, deleted through the API so that the kubelet stops their sandboxes (their
+        network namespaces and mounts go with them); then the kubelet, whatever containers are left,
+        the other processes, kube-proxy's rules, the bridge and any mount left under the node's folder."""
+        if "kubelet" in self.processes:
+            self._drain()
         kubelet = self.processes.pop("kubelet", None)
         if kubelet:
             stop_groups([kubelet.pid])
@@ -261,6 +267,19 @@ state = "{self.directory / "containerd-state"}"
             process.wait()
         self.processes.clear()
         clean_host(self.cluster.bin)
+        unmount_under(self.directory)
+        for name in set(os.listdir(NETNS)) - self._netns if NETNS.exists() else ():
+            unmount_under(NETNS / name)
+            (NETNS / name).unlink(missing_ok=True)
+
+    def _drain(self) -> None:
+        on_node = ("--all-namespaces", f"--field-selector=spec.nodeName={NAME}")
+        self.cluster.kubectl("delete", "pods", *on_node, "--grace-period=0", "--wait=false", check=False)
+        try:
+            wait_for(lambda: not self.cluster.kubectl("get", "pods", *on_node, "-o", "name").stdout.strip(),
+                     timeout=60, what="the real node's pods gone")  # fmt: skip
+        except AssertionError:
+            pass  # what is left, containerd and the mounts' clean-up below remove
 
     def log(self, name: str) -> str:
         return (self.directory / f"{name}.log").read_text(errors="replace")
@@ -280,9 +299,32 @@ def remove_containers(socket: Path) -> None:
         ctr(socket, "containers", "delete", container, check=False)
 
 
+def unmount_under(path: Path) -> None:
+    """Unmount every mount at or below `path`, deepest first (what a stopped kubelet, containerd or
+    dockerd leaves: volumes, sandboxes' /dev/shm, the kubelet's own root)."""
+    root = os.path.realpath(path)  # mountinfo names real paths (/var/run is /run)
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # octal escapes: \040 is a space
+        if point == root or point.startswith(root + "/"):
+            points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True)
+
+
 def clean_host(bin: Path) -> None:
-    """kube-proxy's iptables rules and the pods' bridge."""
+    """kube-proxy's and the kubelet's iptables chains (KUBE-*) and the pods' bridge."""
     subprocess.run([str(bin / "kube-proxy"), "--cleanup"], capture_output=True)
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = subprocess.run([tool, "-t", table, "-S"], capture_output=True, text=True).stdout.splitlines()
+            for rule in rules:  # the jumps into them from the built-in chains, then the chains
+                if rule.startswith("-A ") and not rule.split()[1].startswith("KUBE-") and " -j KUBE-" in rule:
+                    subprocess.run([tool, "-t", table, "-D", *shlex.split(rule)[1:]], capture_output=True)
+            chains = [rule.split()[1] for rule in rules if rule.startswith("-N KUBE-")]
+            for flag in ("-F", "-X"):
+                for chain in chains:
+                    subprocess.run([tool, "-t", table, flag, chain], capture_output=True)
     ip("link", "del", BRIDGE, check=False)
 
 

@@ -3,14 +3,15 @@ base, pushed to a registry), `helm install` runs the chart's operator pod from i
 with containerd and runc, logged in with its in-cluster ServiceAccount token, under a read-only root
 filesystem as uid 1000, ready by its probe; a job applied with `kubectl apply` runs its rendezvous and
 workers in the trainer image on that node (Service names through CoreDNS, Service addresses through
-kube-proxy), grows at the cut and succeeds with every sample used; `kubectl logs` shows a worker's
-progress; a deleted worker (SIGTERM to PID 1 of its container) checkpoints and the restart loses nothing;
-`helm uninstall` stops the operator pod."""
+kube-proxy), writes its checkpoints to a volume the kubelet gave its `fsGroup`, grows at the cut and
+succeeds with every sample used; `kubectl logs` shows a worker's progress; a deleted worker (SIGTERM to
+PID 1 of its container) checkpoints and the restart loses nothing; a failing worker's termination
+message and a refused pull reach the job's conditions; `helm uninstall` stops the operator pod, whose
+PID 1 takes the SIGTERM."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -22,6 +23,7 @@ from largebatch_trainer import checkpoint
 from tests.cluster import node
 from tests.e2e.jobs import CHART, apply
 from tests.e2e.test_operator import contiguous, job_document, status_of
+from tests.e2e.test_operator_failures import condition
 from tests.helpers import ROOT, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -30,9 +32,11 @@ TOTAL = 16 * 6_000
 FAST = {"reconcileSeconds": 0.5, "restartSeconds": 0, "unschedulableGraceSeconds": 3}  # the chart's values
 
 
-def pods_of(core: client.CoreV1Api, namespace: str, selector: str) -> list[client.V1Pod]:
+def pods_of(core: client.CoreV1Api, namespace: str, selector: str, deleting: bool = False) -> list[client.V1Pod]:
+    """The pods that match, and those being deleted when `deleting` (a kubelet keeps a pod until its
+    containers have ended)."""
     return [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
-            if not p.metadata.deletion_timestamp]  # fmt: skip
+            if deleting or not p.metadata.deletion_timestamp]  # fmt: skip
 
 
 def ready(pod: client.V1Pod) -> bool:
@@ -60,16 +64,18 @@ def pod_memory(cluster, pod: str, namespace: str) -> int:
 
 @pytest.fixture
 def checkpoints(cluster, core, namespace):
-    """A ReadWriteMany claim bound to a folder of the real node (a hostPath volume: the node is alone,
-    so every pod on it shares the folder). hostPath takes no fsGroup, so the folder is given to the
-    trainer's uid here, as a storage admin's export would be."""
+    """A ReadWriteMany claim bound to a `local` volume: a folder of the real node that only root may write
+    to, as an export is before the kubelet applies the pods' `fsGroup` to it (a `local` volume takes it;
+    hostPath would not). The node is alone, so every pod on it shares the folder."""
     folder = cluster.directory / f"volume-{namespace}"
-    folder.mkdir()
-    os.chown(folder, 1000, 1000)
+    folder.mkdir(mode=0o755)
+    on_the_node = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node.NAME]}]}]}}  # fmt: skip
     core.create_persistent_volume({
         "metadata": {"name": f"{namespace}-checkpoints"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "hostPath": {"path": str(folder)}, "claimRef": {"namespace": namespace, "name": "checkpoints"}},
+                 "local": {"path": str(folder)}, "nodeAffinity": on_the_node,
+                 "claimRef": {"namespace": namespace, "name": "checkpoints"}},
     })  # fmt: skip
     core.create_namespaced_persistent_volume_claim(namespace, {
         "metadata": {"name": "checkpoints"},
@@ -78,6 +84,13 @@ def checkpoints(cluster, core, namespace):
     })  # fmt: skip
     yield folder
     core.delete_persistent_volume(f"{namespace}-checkpoints")
+
+
+def on_the_real_node(name: str, image: str, **workers) -> dict:
+    placed = {"tolerations": [node.TOLERATION], "nodeSelector": node.SELECTOR}
+    document = job_document(name, None, total=TOTAL, accelerator="none", pod=placed, **workers)
+    document["spec"]["image"] = image
+    return document
 
 
 def test_the_images_run_the_torch_the_tests_run_as_uid_1000(images, docker):
@@ -100,12 +113,13 @@ def test_the_real_node_runs_pods_through_containerd(cluster, core):
 def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, namespace, core, checkpoints):
     release, home = "real", f"{namespace[:40]}-ops"
     label = node.LABEL.replace(".", "\\.")  # helm --set reads dots as nesting
+    # --set-json: --set reads 0.5 as a string, which the chart's schema refuses.
     crd.helm("install", release, str(CHART), "--namespace", home, "--create-namespace",
              "--set", f"image.repository={images.repository},image.tag={images.tag}",
              "--set", f"watchNamespaces={{{namespace}}}",
              "--set", f"nodeSelector.{label}=real",
              "--set", f"tolerations[0].key={node.LABEL},tolerations[0].value=real,tolerations[0].effect=NoSchedule",
-             "--set-json", f"operator={json.dumps(FAST)}")  # fmt: skip (--set reads 0.5 as a string)
+             "--set-json", f"operator={json.dumps(FAST)}")  # fmt: skip
     operator_selector = f"app.kubernetes.io/instance={release}"
     try:
         # The operator's pod: on the real node, logged in with its mounted token, ready by its probe.
@@ -114,16 +128,6 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         assert pod.spec.node_name == node.NAME and pod.status.container_statuses[0].image == images.operator
         operator_log = lambda: crd.kubectl("logs", pod.metadata.name, "-n", home, check=False).stdout  # noqa: E731
         wait_for(lambda: "Resuming operations" in operator_log(), what="the operator acting in its peering")
-
-        document = job_document("real", "checkpoints", total=TOTAL, accelerator="none",
-                                pod={"tolerations": [node.TOLERATION], "nodeSelector": node.SELECTOR})  # fmt: skip
-        document["spec"]["image"] = images.trainer
-        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
-                                    "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
-        document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
-        document["spec"]["checkpoint"]["everySteps"] = 100_000  # only the SIGTERM checkpoint and the last
-        created = time.time()
-        assert apply(crd, document, namespace).returncode == 0
 
         def state() -> dict:
             return status_of(crd, namespace, "real")
@@ -136,8 +140,29 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
                     f"timed out waiting for {what}\n{state()}\n{explain(crd, namespace, home)}"
                 ) from None
 
+        document = on_the_real_node("real", images.trainer)
+        document["spec"]["checkpoint"] = {"path": "/ckpt", "claimName": "checkpoints", "everySteps": 100_000}
+        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
+                                    "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
+        document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
+        created = time.monotonic()
+        assert apply(crd, document, namespace).returncode == 0
         waited(lambda: state().get("progress", {}).get("step", 0) > 0, "the first step", timeout=300)
-        first_step = time.time() - created
+        first_step = time.monotonic() - created
+
+        # Beside it, what a real kubelet reports for a worker that fails and for an image it cannot pull.
+        broken = on_the_real_node("broken", images.trainer, maxRestarts=0)
+        broken["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
+        assert apply(crd, broken, namespace).returncode == 0
+        missing = images.trainer.rsplit(":", 1)[0] + ":not-pushed"
+        assert apply(crd, on_the_real_node("nopull", missing), namespace).returncode == 0
+        failed = waited(lambda: condition(crd, namespace, "broken", "Failed"), "the broken job failed")
+        # Its worker's last words, from the termination message the kubelet took from its log.
+        assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed
+        blocked = waited(lambda: condition(crd, namespace, "nopull", "WorkersBlocked"), "the pull refused")
+        assert blocked["reason"] in ("ErrImagePull", "ImagePullBackOff") and "not-pushed" in blocked["message"], blocked
+        crd.kubectl("delete", "lbj", "broken", "nopull", "-n", namespace)
+
         worker = crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout
         assert re.search(r"^step \d+ samples \d+/\d+ batch 16 \(world 1 x accumulation 1\)", worker, re.M), worker
 
@@ -158,8 +183,13 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         print(f"the operator's pod: {memory / 2**20:.0f} MiB working set after the job")
         assert memory < 512 * 2**20  # the chart's limit
     finally:
+        uninstalled = time.monotonic()
         crd.helm("uninstall", release, "--namespace", home, "--wait")
-    wait_for(lambda: not pods_of(core, home, operator_selector), timeout=120, what="the operator's pod gone")
+    wait_for(lambda: not pods_of(core, home, operator_selector, deleting=True), timeout=120,
+             what="the operator's pod gone")  # fmt: skip
+    # PID 1 of its container took the SIGTERM (a process that ignored it would be killed at the end of
+    # the pod's 30 s grace period).
+    assert time.monotonic() - uninstalled < 30
 
     assert status["progress"]["samples"] == TOTAL and status["progress"]["done"] is True
     runs = checkpoint.newest_intact(checkpoints)[1]["history"]
