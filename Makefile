@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test venv crds dashboards images lint cluster-tools cluster-up cluster-down
 
-# constraints.txt pins the torch that the tests run and the trainer image ships.
-$(STAMP): pyproject.toml constraints.txt
+# constraints.txt pins the torch that the tests run and the trainer image ships; dev/test-constraints.txt
+# the test tools.
+$(STAMP): pyproject.toml constraints.txt dev/test-constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[trainer,digits,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -c dev/test-constraints.txt -e ".[trainer,digits,dev]"
 	touch $@
 
 venv: $(STAMP)

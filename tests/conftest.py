@@ -25,10 +25,14 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), every e2e test goes to the
     same worker, so that one control plane (a session fixture) serves them all while the other worker
-    runs the unit and process tests: the e2e tests mostly wait on the cluster, the others on the CPU."""
+    runs the unit and process tests: the e2e tests mostly wait on the cluster, the others on the CPU.
+    One control plane is also all a machine can have: its real node takes the host's network and
+    containerd's cached root. First, because xdist's own hook reads the marks into the test's id (without
+    tryfirst it ran before this one, and each worker started a control plane of its own)."""
     for item in items:
         if item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.xdist_group("control-plane"))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -106,7 +105,6 @@ class RealNode:
 
     def _containerd(self) -> None:
         CONTAINERD.mkdir(parents=True, exist_ok=True)
-        self._clean_old_containers()
         mirrors = "\n".join(
             f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{r}"]\n  endpoint = ["http://{r}"]'
             for r in self.registries
@@ -132,17 +130,9 @@ state = "{self.directory / "containerd-state"}"
         (self.directory / "containerd.toml").write_text(config)
         self._spawn("containerd", ["containerd", f"--config={self.directory / 'containerd.toml'}"])
         wait_for(lambda: self.ctr("version", check=False).returncode == 0, what="containerd answering")
-
-    def _clean_old_containers(self) -> None:
-        """A session killed before it stopped its node leaves containers in the cached root: a fresh
-        containerd on it would hand them to the new kubelet, which knows none of their pods."""
-        metadata = CONTAINERD / "io.containerd.metadata.v1.bolt"
-        if metadata.exists():
-            # Containers, sandboxes and their snapshots are kept in the metadata database with the
-            # images; the images are what is worth keeping, and containerd rebuilds the rest.
-            for leftover in ("io.containerd.runtime.v2.task", "io.containerd.grpc.v1.cri/sandboxes",
-                             "io.containerd.grpc.v1.cri/containers"):  # fmt: skip
-                shutil.rmtree(CONTAINERD / leftover, ignore_errors=True)
+        # A session killed before it stopped its node left containers in the cached root, of pods the new
+        # kubelet does not know.
+        remove_containers(self.socket)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return ctr(self.socket, *args, check=check)
