@@ -130,7 +130,7 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
                        timeout=WAIT, what="the operator's pod ready on the real node")  # fmt: skip
         assert pod.spec.node_name == node.NAME and pod.status.container_statuses[0].image == images.operator
         operator_log = lambda: crd.kubectl("logs", pod.metadata.name, "-n", home, check=False).stdout  # noqa: E731
-        wait_for(lambda: "Resuming operations" in operator_log(), what="the operator acting in its peering")
+        wait_for(lambda: "Resuming operations" in operator_log(), timeout=WAIT, what="its peering")
 
         def state() -> dict:
             return status_of(crd, namespace, "real")
