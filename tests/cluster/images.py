@@ -119,8 +119,6 @@ class Registry:
 class Images:
     operator: str  # repository:tag of the operator image, in the registry
     trainer: str
-    base: str  # the debootstrap base both were built on
-    log: str  # what the build printed
 
     @property
     def repository(self) -> str:
@@ -143,4 +141,4 @@ def build(docker: Docker, registry: Registry) -> Images:
     if result.returncode:
         raise RuntimeError(f"dev/images.sh failed:\n{(result.stdout + result.stderr)[-5000:]}")
     repository = f"{registry.host}/largebatch"
-    return Images(f"{repository}/operator:{tag}", f"{repository}/trainer:{tag}", base.stdout.strip(), result.stdout)
+    return Images(f"{repository}/operator:{tag}", f"{repository}/trainer:{tag}")
