@@ -1,5 +1,6 @@
 """`python -m tests.cluster up|down`: the test control plane by hand (make cluster-up / cluster-down).
-`up --real-node` adds the real node (tests/cluster/node.py, as root) and a registry it pulls from."""
+`up --real-node` adds the real node (tests/cluster/node.py, as root); images reach it with
+`docker save IMAGE | ctr --address <dir>/node/containerd.sock -n k8s.io images import -`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 
 from tests.cluster import node
 from tests.cluster.cluster import Cluster, stop_groups, tools
-from tests.cluster.images import Registry
 
 
 def main() -> None:
@@ -40,18 +40,14 @@ def main() -> None:
     shutil.rmtree(directory, ignore_errors=True)
     started = time.monotonic()
     cluster = Cluster(directory, tools())
-    real_node = None
-    if args.real_node:
-        registry = Registry(directory / "registry")
-        real_node = lambda c: node.RealNode(c, [registry.host])  # noqa: E731
+    real_node = node.RealNode if args.real_node else None
     cluster.start(args.gpu_nodes, args.gpus_per_node, args.cpu_nodes, real_node=real_node)
     if args.real_node:
         pids = cluster.directory / "pids"
-        extra = {"registry": registry.daemon.process} | cluster.node.processes
-        pids.write_text(pids.read_text() + "".join(f"\n{n} {p.pid}" for n, p in extra.items()))
+        pids.write_text(pids.read_text() + "".join(f"\n{n} {p.pid}" for n, p in cluster.node.processes.items()))
         print(
             f"real node {node.NAME}: pods with the toleration {node.TOLERATION} and the selector {node.SELECTOR}; "
-            f"registry {registry.host}"
+            f"load an image with  docker save IMAGE | ctr --address {cluster.node.socket} -n k8s.io images import -"
         )
     print(
         f"cluster ready in {time.monotonic() - started:.1f} s ({args.gpu_nodes} GPU nodes × {args.gpus_per_node} GPUs, "

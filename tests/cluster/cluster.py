@@ -254,10 +254,7 @@ class Cluster:
         ]  # fmt: skip
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.directory / f"{name}.log", "wb")
-        self.processes[name] = subprocess.Popen(
-            [str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.processes[name] = spawn([str(self.bin / name), *args], self.directory / f"{name}.log")
 
     def kubectl(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return _run([str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], check, **kw)
@@ -350,6 +347,13 @@ class Cluster:
         for process in self.processes.values():
             process.wait()
         self.processes.clear()
+
+
+def spawn(command: list[str], log: Path) -> subprocess.Popen:
+    """Start a long-running helper in a process group of its own (stop_groups stops it and its children),
+    its output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_groups(groups: list[int], grace: float = 10.0) -> None:

@@ -1,12 +1,16 @@
-"""The project's images for the real node: a Docker engine and a registry on loopback as local processes,
-and the two images built by `make images` (dev/images.sh) on a Debian base made by dev/base_image.sh
-(no registry outside is reachable), then pushed to that registry, from which the real node's containerd
-pulls them as a cluster's nodes pull from theirs.
+"""The project's images for the real node: a Docker engine as a local process, the two images built by
+`make images` (dev/images.sh) on a Debian base made by dev/base_image.sh (no registry outside is
+reachable), then loaded into the real node's containerd, as `kind load docker-image` loads a kind node.
+
+No registry between them: pushing the trainer's 6 GB layer to a registry on loopback and pulling it back
+took 15 minutes on a cold machine and kept a third copy of it on disk, and a cluster's pull is a step these
+tests have nothing to learn from (a refused pull they still meet: an image that is not there).
 
 What outlives a session, in the per-user cache (~/.cache/largebatch): dockerd's data (the base, and every
-layer built, so a rebuild after a code change redoes only the project's layer) and the registry's storage
-(a push then sends only the new layer). The images' tag is a hash of the files they are built from, so a
-node never runs an image older than the checkout.
+layer built, so a rebuild after a code change redoes only the project's layer) and containerd's root (an
+image is loaded once per machine). The images' tag is a hash of the files they are built from, so a node
+never runs an image older than the checkout; older tags are removed from both when a new one is built,
+so the cache holds one build (about 20 GB with the trainer's CUDA torch in both stores).
 """
 
 from __future__ import annotations
@@ -14,15 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from tests.cluster.cluster import stop_groups
-from tests.cluster.node import unmount_under
-from tests.helpers import ROOT, free_port, wait_for
+from tests.cluster.cluster import spawn, stop_groups
+from tests.cluster.node import PAUSE_IMAGE, RealNode, unmount_under
+from tests.helpers import ROOT, wait_for
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "largebatch"
 INPUTS = ("pyproject.toml", "README.md", "constraints.txt", "operator", "trainer_image")
@@ -50,9 +51,7 @@ class Daemon:
 
     @classmethod
     def spawn(cls, command: list[str], log: Path) -> Daemon:
-        with open(log, "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return cls(process, log)
+        return cls(spawn(command, log), log)
 
     def stop(self) -> None:
         stop_groups([self.process.pid], grace=30)
@@ -87,38 +86,13 @@ class Docker:
         unmount_under(self.directory)  # dockerd's exec-root keeps a network namespace mounted
 
 
-class Registry:
-    """docker-registry (distribution 2.8, Debian's package) on loopback, storage in the per-user cache."""
-
-    def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.host = f"127.0.0.1:{free_port()}"
-        config = {
-            "version": 0.1,
-            "storage": {"filesystem": {"rootdirectory": str(CACHE / "registry")}},
-            "http": {"addr": self.host},
-            "log": {"level": "warn"},
-        }
-        (directory / "registry.yaml").write_text(yaml.safe_dump(config))
-        self.daemon = Daemon.spawn(["docker-registry", "serve", str(directory / "registry.yaml")],
-                                   directory / "registry.log")  # fmt: skip
-        wait_for(lambda: self.daemon.alive() and self._answers(), what="the registry answering")
-
-    def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        self.daemon.stop()
-
-
 @dataclass(frozen=True)
 class Images:
-    operator: str  # repository:tag of the operator image, in the registry
+    operator: str  # repository:tag of the operator image
     trainer: str
+
+    def __iter__(self):
+        return iter((self.operator, self.trainer))
 
     @property
     def repository(self) -> str:
@@ -129,16 +103,46 @@ class Images:
         return self.operator.rsplit(":", 1)[1]
 
 
-def build(docker: Docker, registry: Registry) -> Images:
-    """`make images` with the registry as IMAGE_REPOSITORY, the debootstrap base as BASE, and PUSH=1."""
+REPOSITORY = "largebatch.test"
+"""Where the tests' images are named: a domain no pull reaches, so a node runs only what was loaded."""
+
+
+def build(docker: Docker) -> Images:
+    """`make images` with the debootstrap base as BASE, tagged from the inputs' hash; older test tags are
+    removed (their layers go with them unless the new images share them)."""
     base = subprocess.run([str(ROOT / "dev" / "base_image.sh")], env=docker.env, capture_output=True, text=True)
     if base.returncode:
         raise RuntimeError(f"dev/base_image.sh failed:\n{base.stderr[-3000:]}")
     tag = f"test-{inputs_digest()}"
-    env = docker.env | {"IMAGE_REPOSITORY": f"{registry.host}/largebatch", "IMAGE_TAG": tag,
-                        "BASE": base.stdout.strip(), "PUSH": "1", "BUILD_FLAGS": "--network host"}  # fmt: skip
+    images = Images(f"{REPOSITORY}/operator:{tag}", f"{REPOSITORY}/trainer:{tag}")
+    if all(docker.run("image", "inspect", image, check=False).returncode == 0 for image in images):
+        return images
+    env = docker.env | {"IMAGE_REPOSITORY": REPOSITORY, "IMAGE_TAG": tag, "BASE": base.stdout.strip(),
+                        "BUILD_FLAGS": "--network host"}  # fmt: skip
     result = subprocess.run([str(ROOT / "dev" / "images.sh")], env=env, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"dev/images.sh failed:\n{(result.stdout + result.stderr)[-5000:]}")
-    repository = f"{registry.host}/largebatch"
-    return Images(f"{repository}/operator:{tag}", f"{repository}/trainer:{tag}")
+    listed = docker.run("image", "ls", "--format={{.Repository}}:{{.Tag}}", f"--filter=reference={REPOSITORY}/*")
+    older = [image for image in listed.stdout.split() if image not in images]
+    if older:
+        docker.run("image", "rm", *older)
+    return images
+
+
+def load(images: Images, docker: Docker, node: RealNode) -> None:
+    """Each image into the node's containerd unless it is there (`docker save | ctr images import`), and
+    older test images out of it."""
+    present = node.ctr("images", "ls", "-q").stdout.decode().split()
+    for image in images:
+        if image in present:
+            continue
+        save = subprocess.Popen(["docker", "save", image], env=docker.env, stdout=subprocess.PIPE)
+        imported = subprocess.run(["ctr", f"--address={node.socket}", "--namespace=k8s.io", "images", "import", "-"],
+                                  stdin=save.stdout, capture_output=True)  # fmt: skip
+        save.stdout.close()
+        if save.wait() or imported.returncode:
+            raise RuntimeError(f"loading {image} into the node failed: {imported.stderr.decode()[-2000:]}")
+    older = [image for image in present
+             if image.startswith(f"{REPOSITORY}/") and image not in images and image != PAUSE_IMAGE]  # fmt: skip
+    if older:
+        node.ctr("images", "rm", "--sync", *older)

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Installs from Debian's packages what the real node and the image tests need (as root, once per
 # machine): dockerd (the images are built with it), containerd and runc (the kubelet runs pods
-# through them; docker.io brings both), debootstrap (the images' base: no registry is reachable), a
-# registry (docker-registry: the kubelet pulls the built images from it, as from any registry) and
-# iptables (kube-proxy). Does nothing when they are there.
+# through them; docker.io brings both; the built images are loaded into containerd with ctr),
+# debootstrap (the images' base: no registry is reachable) and iptables (kube-proxy). Does nothing when
+# they are there.
 set -euo pipefail
 need=()
-for pair in dockerd:docker.io containerd:containerd runc:runc ctr:containerd debootstrap:debootstrap \
-            docker-registry:docker-registry iptables:iptables; do
+for pair in dockerd:docker.io containerd:containerd runc:runc ctr:containerd debootstrap:debootstrap iptables:iptables; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "${pair%%:*}" >/dev/null 2>&1 \
         || need+=("${pair#*:}")
 done

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.cluster import Cluster, Pki, _name, stop_groups
+from tests.cluster.cluster import Cluster, Pki, _name, spawn, stop_groups
 from tests.helpers import free_port, wait_for
 
 NAME = "real-0"
@@ -55,7 +55,6 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 @dataclass
 class RealNode:
     cluster: Cluster
-    registries: list[str]  # host:port of plain-HTTP registries on this machine that containerd may pull from
     directory: Path = field(init=False)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -105,10 +104,6 @@ class RealNode:
 
     def _containerd(self) -> None:
         CONTAINERD.mkdir(parents=True, exist_ok=True)
-        mirrors = "\n".join(
-            f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{r}"]\n  endpoint = ["http://{r}"]'
-            for r in self.registries
-        )
         config = f"""version = 2
 root = "{CONTAINERD}"
 state = "{self.directory / "containerd-state"}"
@@ -125,7 +120,6 @@ state = "{self.directory / "containerd-state"}"
   conf_dir = "{self.directory / "cni"}"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
-{mirrors}
 """
         (self.directory / "containerd.toml").write_text(config)
         self._spawn("containerd", ["containerd", f"--config={self.directory / 'containerd.toml'}"])
@@ -234,9 +228,7 @@ state = "{self.directory / "containerd-state"}"
         return pki.kubeconfig(name, self.cluster.server, self.directory / f"{name}.kubeconfig")
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        log = open(self.directory / f"{name}.log", "wb")
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)  # fmt: skip
+        self.processes[name] = spawn(command, self.directory / f"{name}.log")
 
     # --- stop -------------------------------------------------------------------------------------------
 

@@ -16,19 +16,11 @@ from tests.helpers import wait_for
 
 
 @pytest.fixture(scope="session")
-def registry(tmp_path_factory):
-    """A registry on loopback that the real node pulls the project's images from."""
-    handle = container_images.Registry(tmp_path_factory.mktemp("registry"))
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory, registry):
+def cluster(tmp_path_factory):
     """The control plane, KWOK's fake nodes and one real node (tests/cluster/node.py)."""
     handle = Cluster(tmp_path_factory.mktemp("cluster"), tools())
     try:
-        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1, real_node=lambda c: RealNode(c, [registry.host]))
+        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1, real_node=RealNode)
         handle.api = config.new_client_from_config(str(handle.kubeconfig))
         yield handle
     finally:
@@ -44,10 +36,12 @@ def docker(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def images(docker, registry):
-    """The operator and trainer images, built by `make images` on the debootstrap base and pushed to the
-    registry (tests/cluster/images.py)."""
-    return container_images.build(docker, registry)
+def images(docker, cluster):
+    """The operator and trainer images, built by `make images` on the debootstrap base and loaded into the
+    real node's containerd (tests/cluster/images.py)."""
+    built = container_images.build(docker)
+    container_images.load(built, docker, cluster.node)
+    return built
 
 
 @pytest.fixture

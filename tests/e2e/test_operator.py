@@ -18,8 +18,10 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
-TOTAL = 16 * 20_000
-GROW_TOTAL = 16 * 8_000
+TOTAL = 16 * 8_000
+"""Steps enough that a job outlasts what a test does to it: the suspend acted on (thousands of steps
+after the test saw step 200), a lost worker replaced (the group stalls at min = max = 2 until it is), a
+cut's new worker joined (a small GPT's steps, slow enough for that)."""
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -76,7 +78,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
         # A small GPT rather than linreg: steps slow enough that the half of the run after the cut outlasts
         # a new worker's start and rendezvous on a busy machine (linreg finished first in CI).
-        document = job_document("grow", "checkpoints", total=GROW_TOTAL)
+        document = job_document("grow", "checkpoints", total=TOTAL)
         document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
                                     "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
         document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
@@ -92,7 +94,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
         assert pods.errors == []
         assert {"grow-rdzv", "grow-worker-0", "grow-worker-1"} <= set(pods.started)
     status = status_of(crd, namespace, "grow")
-    assert status["progress"]["samples"] == GROW_TOTAL and status["progress"]["done"] is True
+    assert status["progress"]["samples"] == TOTAL and status["progress"]["done"] is True
     assert status["rescales"]["count"] >= 1 and status["rescales"]["recent"][0]["to"] == 2
     state = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]
     worlds = [run[3] for run in state["history"]]
@@ -213,7 +215,7 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}  # fmt: skip
     pod = {"tolerations": [KWOK_TOLERATION], "affinity": affinity}
-    total = 32 * 20_000
+    total = 32 * 10_000  # at one worker with accumulation 2, long enough for the second node's worker to join
     document = job_document("cap", "checkpoints", total=total, min=1, max=2, pod=pod)
     document["spec"]["batch"] = {"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}}
     try:

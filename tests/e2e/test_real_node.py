@@ -1,5 +1,5 @@
 """The images on a real node, as a platform engineer meets them: `make images` builds both (on a Debian
-base, pushed to a registry), `helm install` runs the chart's operator pod from its image on a kubelet
+base, loaded into the node's containerd), `helm install` runs the chart's operator pod from its image on a kubelet
 with containerd and runc, logged in with its in-cluster ServiceAccount token, under a read-only root
 filesystem as uid 1000, ready by its probe; a job applied with `kubectl apply` runs its rendezvous and
 workers in the trainer image on that node (Service names through CoreDNS, Service addresses through
@@ -91,7 +91,10 @@ def checkpoints(cluster, core, namespace):
 
 def on_the_real_node(name: str, image: str, **workers) -> dict:
     placed = {"tolerations": [node.TOLERATION], "nodeSelector": node.SELECTOR}
-    document = job_document(name, None, total=TOTAL, accelerator="none", pod=placed, **workers)
+    # A core each at most, so torch runs one thread per worker (OMP_NUM_THREADS from the limit), not one per
+    # core of the machine; the small request leaves room on the node's two cores for both workers.
+    one_core = {"requests": {"cpu": "100m"}, "limits": {"cpu": 1}}
+    document = job_document(name, None, total=TOTAL, accelerator="none", pod=placed, resources=one_core, **workers)
     document["spec"]["image"] = image
     return document
 
@@ -157,17 +160,20 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         broken = on_the_real_node("broken", images.trainer, maxRestarts=0)
         broken["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
         assert apply(crd, broken, namespace).returncode == 0
-        missing = images.trainer.rsplit(":", 1)[0] + ":not-pushed"
+        missing = images.trainer.rsplit(":", 1)[0] + ":not-loaded"  # and no registry answers for its domain
         assert apply(crd, on_the_real_node("nopull", missing), namespace).returncode == 0
         failed = waited(lambda: condition(crd, namespace, "broken", "Failed"), "the broken job failed")
         # Its worker's last words, from the termination message the kubelet took from its log.
         assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed
         blocked = waited(lambda: condition(crd, namespace, "nopull", "WorkersBlocked"), "the pull refused")
-        assert blocked["reason"] in ("ErrImagePull", "ImagePullBackOff") and "not-pushed" in blocked["message"], blocked
+        assert blocked["reason"] in ("ErrImagePull", "ImagePullBackOff") and "not-loaded" in blocked["message"], blocked
         crd.kubectl("delete", "lbj", "broken", "nopull", "-n", namespace)
 
         worker = crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout
         assert re.search(r"^step \d+ samples \d+/\d+ batch 16 \(world 1 x accumulation 1\)", worker, re.M), worker
+        threads = crd.kubectl("exec", "real-worker-0", "-n", namespace, "--", "python", "-c",
+                              "import torch; print(torch.get_num_threads())").stdout  # fmt: skip
+        assert threads.strip() == "1", threads  # its CPU limit, not the machine's cores
 
         # The cut: a second worker joins through the rendezvous Service (CoreDNS, kube-proxy).
         waited(lambda: state().get("plan", {}).get("worldSize") == 2, "two workers after the cut")

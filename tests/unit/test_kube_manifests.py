@@ -149,3 +149,16 @@ def test_pull_secrets_reach_both_pods_and_a_failed_worker_leaves_its_log_tail():
     assert manifests.rendezvous_pod(j, "uid-1")["spec"]["imagePullSecrets"] == [{"name": "registry-login"}]
     assert worker["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "imagePullSecrets" not in manifests.worker_pod(job(), "uid-1", 0, 1)["spec"]
+
+
+def test_a_worker_runs_as_many_threads_per_process_as_its_cpu_allows():
+    def threads(devices: int, **resources) -> str | None:
+        spec = job(workers={"devicesPerWorker": devices, "resources": resources, "accelerator": "none"})
+        env = manifests.worker_pod(spec, "uid-1", 0, 0)["spec"]["containers"][0]["env"]
+        return next((e["value"] for e in env if e["name"] == "OMP_NUM_THREADS"), None)
+
+    assert threads(1, limits={"cpu": 4}) == "4"
+    assert threads(2, limits={"cpu": "3"}, requests={"cpu": 1}) == "1"  # the limit, split between processes
+    assert threads(1, requests={"cpu": "2500m"}) == "2"  # no limit: the request
+    assert threads(4, limits={"cpu": "500m"}) == "1"  # never fewer than one
+    assert threads(1, limits={"memory": "8Gi"}) is None  # no CPU named: torch's own default

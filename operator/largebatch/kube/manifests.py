@@ -11,6 +11,7 @@ job deletes them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +184,18 @@ def metrics_ports(spec: api.LargeBatchJobSpec) -> list[dict[str, Any]]:
     ]
 
 
+def cpu_threads(resources: api.Resources, processes: int) -> int | None:
+    """Threads per trainer process for a worker's CPU limit (else its request): torch sizes its thread
+    pools by the host's cores, not by the container's share, so a worker limited to a few cores of a big
+    node would spend its quota switching between a thread per core. None when the worker names no CPU."""
+    quantity = resources.limits.get("cpu", resources.requests.get("cpu"))
+    match = re.fullmatch(r"(\d+(?:\.\d*)?)(m?)", str(quantity)) if quantity is not None else None
+    if not match:
+        return None
+    cores = float(match.group(1)) / (1000 if match.group(2) else 1)
+    return max(1, int(cores // processes))
+
+
 def run_id(job: str, uid: str, round_: int) -> str:
     """The rendezvous id of a job's round `round_` (`torchrun --rdzv-id`)."""
     return f"{job}-{uid[:8]}-{round_}"
@@ -200,6 +213,9 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[st
         device="auto",
     )
     resources = spec.workers.resources or api.Resources()
+    threads = cpu_threads(resources, spec.workers.devices_per_worker)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     # Quantities are strings on the wire ("8", "64Gi"); the API server takes numbers, clients may not.
     limits = {name: str(value) for name, value in resources.limits.items()}
     requests = {name: str(value) for name, value in resources.requests.items()}
