@@ -126,15 +126,16 @@ def build(docker: Docker) -> Images:
     older = [image for image in listed.stdout.split() if image not in images]
     if older:
         docker.run("image", "rm", *older)
+    docker.run("image", "prune", "--force")  # the untagged images of earlier builds' requirements stages
     return images
 
 
 def load(images: Images, docker: Docker, node: RealNode) -> None:
-    """Each image into the node's containerd unless it is there (`docker save | ctr images import`), and
-    older test images out of it."""
-    present = node.ctr("images", "ls", "-q").stdout.decode().split()
+    """Each image into the node's containerd unless it is there (`docker save | ctr images import`), then
+    every other image out of it: the node's images are the tests' alone, and each older build holds
+    gigabytes."""
     for image in images:
-        if image in present:
+        if image in targets(node):
             continue
         save = subprocess.Popen(["docker", "save", image], env=docker.env, stdout=subprocess.PIPE)
         imported = subprocess.run(["ctr", f"--address={node.socket}", "--namespace=k8s.io", "images", "import", "-"],
@@ -142,7 +143,20 @@ def load(images: Images, docker: Docker, node: RealNode) -> None:
         save.stdout.close()
         if save.wait() or imported.returncode:
             raise RuntimeError(f"loading {image} into the node failed: {imported.stderr.decode()[-2000:]}")
-    older = [image for image in present
-             if image.startswith(f"{REPOSITORY}/") and image not in images and image != PAUSE_IMAGE]  # fmt: skip
-    if older:
-        node.ctr("images", "rm", "--sync", *older)
+    remove_others(node, keep=[*images, PAUSE_IMAGE])
+
+
+def targets(node: RealNode) -> dict[str, str]:
+    """Each image reference in the node's containerd and the manifest it names."""
+    rows = [line.split() for line in node.ctr("images", "ls").stdout.decode().splitlines()[1:]]
+    return {row[0]: row[2] for row in rows if row}
+
+
+def remove_others(node: RealNode, keep: list[str]) -> None:
+    """Every reference but `keep` and those naming the same manifests (the CRI adds `sha256:<id>` and
+    `name@sha256:<digest>` references of its own); containerd then collects their layers and snapshots."""
+    found = targets(node)
+    kept = {found[reference] for reference in keep if reference in found}
+    stale = [reference for reference, manifest in found.items() if manifest not in kept]
+    if stale:
+        node.ctr("images", "rm", "--sync", *stale)

@@ -108,8 +108,10 @@ def test_a_clear_answer_when_the_crd_is_not_installed(crd, namespace):
     name = f"{api.PLURAL}.{api.GROUP}"
     # Jobs left by earlier tests keep kopf's finalizer once their operator is gone; they would hold the CRD.
     for job in client.CustomObjectsApi(crd.api).list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)["items"]:
-        crd.kubectl("patch", "lbj", job["metadata"]["name"], "-n", job["metadata"]["namespace"], "--type=merge",
-                    "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
+        patched = crd.kubectl("patch", "lbj", job["metadata"]["name"], "-n", job["metadata"]["namespace"],
+                              "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)  # fmt: skip
+        # An earlier test's namespace may finish its deletion between the list and the patch (CI, stop 28).
+        assert patched.returncode == 0 or "NotFound" in patched.stderr, patched.stderr
     crd.kubectl("delete", "crd", name, "--wait=true", "--timeout=60s")
     try:
         result = lbctl("status", "-n", namespace, kubeconfig=crd.kubeconfig)
