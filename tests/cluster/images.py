@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.cluster import spawn, stop_groups
-from tests.cluster.node import PAUSE_IMAGE, RealNode, unmount_under
+from tests.cluster.node import CACHE, PAUSE_IMAGE, RealNode, unmount_under
 from tests.helpers import ROOT, wait_for
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "largebatch"
 INPUTS = ("pyproject.toml", "README.md", "constraints.txt", "operator", "trainer_image")
 """What the Dockerfiles copy (operator/Dockerfile and trainer_image/Dockerfile among them)."""
 
@@ -134,12 +133,10 @@ def load(images: Images, docker: Docker, node: RealNode) -> None:
     """Each image into the node's containerd unless it is there (`docker save | ctr images import`), then
     every other image out of it: the node's images are the tests' alone, and each older build holds
     gigabytes."""
-    for image in images:
-        if image in targets(node):
-            continue
+    present = targets(node)
+    for image in (image for image in images if image not in present):
         save = subprocess.Popen(["docker", "save", image], env=docker.env, stdout=subprocess.PIPE)
-        imported = subprocess.run(["ctr", f"--address={node.socket}", "--namespace=k8s.io", "images", "import", "-"],
-                                  stdin=save.stdout, capture_output=True)  # fmt: skip
+        imported = node.ctr("images", "import", "-", stdin=save.stdout, check=False)
         save.stdout.close()
         if save.wait() or imported.returncode:
             raise RuntimeError(f"loading {image} into the node failed: {imported.stderr.decode()[-2000:]}")

@@ -44,7 +44,9 @@ TAINT = {"key": LABEL, "value": "real", "effect": "NoSchedule"}
 TOLERATION = {"key": LABEL, "operator": "Equal", "value": "real", "effect": "NoSchedule"}
 SELECTOR = {LABEL: "real"}
 PAUSE_IMAGE = "largebatch.test/pause:1"
-CONTAINERD = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "largebatch" / "containerd"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "largebatch"
+"""What outlives a test session: containerd's root here, dockerd's data (images.py)."""
+CONTAINERD = CACHE / "containerd"
 """containerd's root (images, snapshots) outlives a test session, so images are pulled once per machine."""
 
 
@@ -128,8 +130,8 @@ state = "{self.directory / "containerd-state"}"
         # kubelet does not know.
         remove_containers(self.socket)
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return ctr(self.socket, *args, check=check)
+    def ctr(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return ctr(self.socket, *args, check=check, **kw)
 
     def _load_pause_image(self) -> None:
         if PAUSE_IMAGE in self.ctr("images", "ls", "-q").stdout.decode().split():
@@ -267,9 +269,9 @@ state = "{self.directory / "containerd-state"}"
         return (self.directory / f"{name}.log").read_text(errors="replace")
 
 
-def ctr(socket: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def ctr(socket: Path, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["ctr", f"--address={socket}", "--namespace=k8s.io", *args], capture_output=True,
-                          check=check)  # fmt: skip
+                          check=check, **kw)  # fmt: skip
 
 
 def remove_containers(socket: Path) -> None:
