@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
+from load import cpu_hogs
 
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -108,11 +108,6 @@ def _all_stopped(text: str, ranks: int) -> bool:
     return len(steps) == ranks and len(set(steps)) == 1
 
 
-def hog() -> None:
-    while True:
-        pass
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30)
@@ -122,11 +117,8 @@ def main() -> None:
     parser.add_argument("--launcher", choices=["largebatch", "torchrun"], default="largebatch")
     parser.add_argument("--keep-failures", type=Path, help="write the logs of failed launches here")
     args = parser.parse_args()
-    hogs = [multiprocessing.Process(target=hog, daemon=True) for _ in range(args.hog)]
-    for process in hogs:
-        process.start()
     rows = []
-    try:
+    with cpu_hogs(args.hog):
         for mode in args.modes:
             for ranks in args.ranks:
                 results = []
@@ -144,9 +136,6 @@ def main() -> None:
                     (mode, ranks, len(results), sum(not r["ok"] for r in results), sum(r["aborted"] for r in results),
                      statistics.median(tails) if tails else float("nan"), max(tails, default=float("nan")))
                 )  # fmt: skip
-    finally:
-        for process in hogs:
-            process.terminate()
     print(f"launcher {args.launcher}, {args.hog} hog processes, {os.cpu_count()} cores")
     print("| mode | ranks | launches | failed | aborted | s from last report to exit, p50 | max |")
     print("|---|---|---|---|---|---|---|")

@@ -150,10 +150,16 @@ def targets(node: RealNode) -> dict[str, str]:
 
 
 def remove_others(node: RealNode, keep: list[str]) -> None:
-    """Every reference but `keep` and those naming the same manifests (the CRI adds `sha256:<id>` and
-    `name@sha256:<digest>` references of its own); containerd then collects their layers and snapshots."""
+    """Every reference but `keep` and the CRI's own references to the same manifests (`sha256:<id>` and
+    `name@sha256:<digest>`); containerd then collects the layers and snapshots no reference holds. An
+    older tag of an unchanged image goes too: the CRI would report a pod's image by either name."""
     found = targets(node)
     kept = {found[reference] for reference in keep if reference in found}
-    stale = [reference for reference, manifest in found.items() if manifest not in kept]
+    stale = [reference for reference, manifest in found.items()
+             if reference not in keep and not (manifest in kept and _by_digest(reference))]  # fmt: skip
     if stale:
         node.ctr("images", "rm", "--sync", *stale)
+
+
+def _by_digest(reference: str) -> bool:
+    return reference.startswith("sha256:") or "@sha256:" in reference

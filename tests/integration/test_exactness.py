@@ -8,6 +8,7 @@ import torch
 
 from largebatch import schedule
 from largebatch.api import LargeBatchJob
+from largebatch_trainer import forked
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.tasks import load_task
 from tests.integration.trainer_helpers import final_state, params, run_standalone, write_job
@@ -79,6 +80,16 @@ def test_distributed_runs_match_the_single_process_full_batch_run(tmp_path, npro
     torch.testing.assert_close(params(got), params(expected), rtol=1e-5, atol=1e-6)
     world = max(nproc, 1)
     assert {run[3] for run in got["history"]} == {world}
+
+
+def test_workers_forked_from_the_agent_train_what_freshly_started_ones_do(tmp_path):
+    """The agent forks its workers (largebatch_trainer.forked); torchrun's own start of a new interpreter,
+    kept for a platform that needs it, trains the same parameters bit for bit."""
+    for mode in ("fork", "exec"):
+        run_standalone(job(tmp_path, mode, micro=2), 3, env={forked.WORKER_START: mode})
+    forked_run, fresh_run = final_state(tmp_path / "fork-ckpt"), final_state(tmp_path / "exec-ckpt")
+    assert forked_run["progress"] == fresh_run["progress"]
+    torch.testing.assert_close(params(forked_run), params(fresh_run), rtol=0, atol=0)
 
 
 # The digits ResNet with BatchNorm over BN batches of 8. 40 samples are five BN batches, which two ranks

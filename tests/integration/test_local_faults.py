@@ -65,6 +65,10 @@ def metrics_port_of(pid: int) -> int:
     return int(next(v for v in environ if v.startswith(launch.METRICS_PORT.encode() + b"=")).split(b"=")[1])
 
 
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (an exited process its parent has not reaped yet holds nothing)."""
     try:
@@ -140,6 +144,8 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
     try:
         wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2, timeout=180, what="two nodes training")
         workers = wait_for(lambda: len(w := trainer_workers(job)) == 2 and w, what="both workers")
+        # Forked from their agents (largebatch_trainer.forked), not started as new interpreters.
+        assert all(cmdline(pid) == cmdline(parent_of(pid)) for pid in workers.values())
         ports = sorted(metrics_port_of(pid) for pid in workers.values())
         os.kill(parent_of(workers[1]), signal.SIGKILL)  # rank 1's torchrun agent
         # Its worker dies with it (no orphan holding rank 1), and the runner replaces the node.

@@ -14,10 +14,12 @@ import yaml
 from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
+from largebatch_trainer.main import NAME_PREFIX
 from tests.helpers import merge, spec_dict, wait_for
 
 PYTHON = sys.executable
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+# largebatch's torchrun, as the shells start it (its workers forked from the agent: largebatch_trainer.forked).
+TORCHRUN = [PYTHON, "-m", "largebatch_trainer.torchrun"]
 
 
 def write_job(directory: Path, name: str = "job", **overrides) -> Path:
@@ -46,16 +48,18 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def run_standalone(job: Path, nproc: int, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """One torchrun agent with `nproc` gloo workers (or a plain process when nproc is None)."""
+def run_standalone(
+    job: Path, nproc: int, *extra: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """One torchrun agent with `nproc` gloo workers (or a plain process when nproc is 0)."""
     if nproc == 0:
         command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job), *extra]
     else:
         command = [
-            TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+            *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
             "-m", "largebatch_trainer", "--job", str(job), *extra,
         ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env())
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env() | (env or {}))
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
 
@@ -109,14 +113,15 @@ def progress_of(run_dir: Path) -> dict:
 
 
 def trainer_workers(job: Path) -> dict[int, int]:
-    """{rank: PID} of the trainer processes (not torchrun agents) running this job file."""
+    """{rank: PID} of the trainer processes (not torchrun agents) running this job file. A trainer forked
+    from its agent has the agent's command line; its name says its rank."""
     found = {}
     for entry in Path("/proc").iterdir():
         try:
+            name = (entry / "comm").read_text().strip()
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
         except OSError:
             continue
-        if str(job).encode() in argv and b"largebatch_trainer" in argv and b"largebatch_trainer.torchrun" not in argv:
-            found[int(environ.get(b"RANK", b"0"))] = int(entry.name)
+        if name.startswith(NAME_PREFIX) and str(job).encode() in argv:
+            found[int(name.removeprefix(NAME_PREFIX))] = int(entry.name)
     return found

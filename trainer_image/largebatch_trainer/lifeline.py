@@ -1,7 +1,7 @@
-"""Processes that die with their parent (Linux's PR_SET_PDEATHSIG). A trainer process whose torchrun
-agent was SIGKILLed would otherwise train on as an orphan, holding its rank while a replacement node
-waits for a group it can never join; an agent of `lbctl run --local` would outlive the runner that hosts
-its rendezvous store."""
+"""Processes that die with their parent (Linux's PR_SET_PDEATHSIG), and a trainer process's name. A
+trainer process whose torchrun agent was SIGKILLed would otherwise train on as an orphan, holding its
+rank while a replacement node waits for a group it can never join; an agent of `lbctl run --local`
+would outlive the runner that hosts its rendezvous store."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 # The torchrun agent's pid, in its workers' environment.
 AGENT_PID = "LARGEBATCH_AGENT_PID"
 
@@ -25,6 +26,14 @@ def die_with_parent(signum: int, parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
         os.kill(os.getpid(), signum)
+
+
+def name_process(name: str) -> None:
+    """Show this process as `name` (at most 15 bytes) in top, `ps -o comm` and /proc/PID/comm. A trainer
+    forked from its agent (largebatch_trainer.forked) keeps the agent's command line, so its name is
+    what tells the two apart."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def parent_from(variable: str) -> int:

@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 from largebatch import jobfile, launch
-from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
+from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, name_process, parent_from
 from largebatch_trainer.progress import make_sink
+
+NAME_PREFIX = "trainer-r"
+"""A worker's process name is this and its global rank (`ps -o pid,comm`)."""
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # A rank outliving its agent would hold up the group that replaces it: die with the agent.
         die_with_parent(signal.SIGKILL, parent_from(AGENT_PID))
+        name_process(f"{NAME_PREFIX}{os.environ.get('RANK', '0')}")
     args = parse(argv)
     try:
         job = jobfile.load(args.job)

@@ -1,5 +1,7 @@
-"""`python -m largebatch_trainer.torchrun ARGS`: torchrun, with two things its command line cannot say:
-a shorter exit barrier, and no restart of a worker group that diverged.
+"""`python -m largebatch_trainer.torchrun ARGS`: torchrun, with what its command line cannot say: a
+shorter exit barrier, no restart of a worker group that diverged, trainer processes forked from the
+agent instead of started as new interpreters (largebatch_trainer.forked), and an agent that leaves at
+once when it has succeeded.
 
 When an agent's workers have finished, torchelastic holds the agent in an "exit barrier" until every
 other agent of the rendezvous round has finished too, for up to `exit_barrier_timeout` seconds (300 by
@@ -18,13 +20,16 @@ from __future__ import annotations
 
 import os
 import signal
+import traceback
 
 from torch.distributed import run
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher
 
 from largebatch import launch
+from largebatch_trainer import forked
 from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
+from largebatch_trainer.main import exit_process
 
 EXIT_BARRIER_SECONDS = float(os.environ.get("LARGEBATCH_EXIT_BARRIER_SECONDS", "10"))
 # The runner's pid, set by `lbctl run --local` only: a user's own torchrun under nohup must outlive its shell.
@@ -53,7 +58,16 @@ def main() -> None:
     os.environ[AGENT_PID] = str(os.getpid())  # the workers' parent, for their own lifeline
     # torchrun builds its agent through this module's name; there is no other way to pass the timeout.
     launcher.LocalElasticAgent = Agent
-    run.main()
+    forked.install()
+    # Once torchrun returns or raises, its workers are reaped and its rendezvous closed. A normal exit
+    # would then spend over a second of CPU finalising torch's modules and libraries before the pod or
+    # the local run could end: leave at once, with what the interpreter would have printed.
+    try:
+        run.main()
+    except Exception:  # failed workers, or a signal that stopped the agent (SystemExit: argparse's own)
+        traceback.print_exc()
+        exit_process(1)
+    exit_process(0)
 
 
 if __name__ == "__main__":
