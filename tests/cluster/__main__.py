@@ -31,6 +31,7 @@ def main() -> None:
             node.remove_containers(directory / "node" / "containerd.sock")
         stop_groups([int(pid) for pid in groups.values()])
         if (directory / "node").exists():
+            node.unmount_under(directory / "node")  # the kubelet's root, which it bind-mounts onto itself
             node.clean_host(tools())
         shutil.rmtree(directory, ignore_errors=True)
         print(f"cluster in {directory} stopped")
