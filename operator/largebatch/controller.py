@@ -123,9 +123,7 @@ def decide(spec: LargeBatchJobSpec, seen: Observation) -> Decision:
 
 def _short_of(spec: LargeBatchJobSpec, batch: int, wanted: int, placed: int) -> str:
     devices = placed * spec.workers.devices_per_worker
-    accumulation = schedule.split(
-        batch, devices, spec.batch.micro_batch_per_device, spec.batch.bn_batch
-    ).accumulation_steps
+    accumulation, _ = schedule.split_size(batch, devices, spec.batch.micro_batch_per_device, spec.batch.bn_batch)
     return f"batch {batch} needs {wanted} workers, {placed} fit: accumulation {accumulation}"
 
 

@@ -35,9 +35,13 @@ class Rendezvous:
     """Rendezvous id; agents that gave up close their round for good, so a fresh group needs a fresh id."""
 
 
-def torchrun_args(spec: LargeBatchJobSpec, job_path: str, rendezvous: Rendezvous, python: str = "python") -> list[str]:
+def torchrun_args(
+    spec: LargeBatchJobSpec, job_path: str, rendezvous: Rendezvous, python: str = "python", log_dir: str | None = None
+) -> list[str]:
     """The command of one worker node: a torchrun agent (with largebatch's exit barrier) for
-    `devicesPerWorker` trainer processes, elastic between workers.min and workers.max nodes."""
+    `devicesPerWorker` trainer processes, elastic between workers.min and workers.max nodes. torchelastic
+    keeps its error files in `log_dir`; without one, in a fresh temporary folder that nobody removes
+    (a pod's goes with its container, a local run's would stay in /tmp)."""
     return [
         python, "-m", "largebatch_trainer.torchrun",
         f"--nnodes={spec.workers.min}:{spec.workers.max}",
@@ -50,6 +54,7 @@ def torchrun_args(spec: LargeBatchJobSpec, job_path: str, rendezvous: Rendezvous
         "--rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=600",
         f"--max-restarts={MAX_RESTARTS}",
         "--monitor-interval=1",
+        *([f"--log-dir={log_dir}"] if log_dir else []),
         "-m", "largebatch_trainer", "--job", job_path,
     ]  # fmt: skip
 

@@ -60,8 +60,10 @@ def report(spec: LargeBatchJobSpec, capacity: int | None = None, noise_scale: fl
     for phase in schedule.phases(spec, noise_scale):
         workers = schedule.desired_workers(spec, phase.global_batch, capacity)
         world = workers * spec.workers.devices_per_worker
-        split = schedule.split(phase.global_batch, world, spec.batch.micro_batch_per_device, spec.batch.bn_batch)
-        rows.append(PhaseRow(phase, workers, world, split.max_micro_batch, split.accumulation_steps))
+        accumulation, micro_batch = schedule.split_size(
+            phase.global_batch, world, spec.batch.micro_batch_per_device, spec.batch.bn_batch
+        )
+        rows.append(PhaseRow(phase, workers, world, micro_batch, accumulation))
     baseline = schedule.phases(schedule.constant_baseline(spec))
     return PlanReport(
         rows=rows,

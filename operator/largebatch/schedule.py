@@ -5,6 +5,7 @@
 - `advance(progress, plan)`: the progress after that step.
 - `split(global_batch, world_size, max_micro_batch, bn_batch)`: per-rank micro-batches and accumulation
   steps (with `bn_batch`, micro-batches of exactly that many samples, the same at every world size).
+- `split_size(...)`: the same split's accumulation steps and largest micro-batch, without building it.
 - `desired_workers(spec, global_batch, capacity)`: the worker count that brings accumulation to 1.
 - `phases(spec)`: the whole run as phases of constant batch, with exact optimizer step counts.
 
@@ -297,11 +298,7 @@ def split(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: in
     included); ranks take contiguous runs of chunks, as even as possible, one chunk per micro-batch.
     Chunk j is then samples [j·bn_batch, (j+1)·bn_batch) of the step at every world size, so BN sees the
     same samples together however many ranks run the step."""
-    if global_batch < 1 or world_size < 1 or max_micro_batch < 1 or (bn_batch is not None and bn_batch < 1):
-        raise ValueError(
-            f"split needs positive numbers, got global_batch={global_batch}, world_size={world_size}, "
-            f"max_micro_batch={max_micro_batch}, bn_batch={bn_batch}"
-        )
+    _check_split(global_batch, world_size, max_micro_batch, bn_batch)
     if bn_batch is not None:
         return _split_bn(global_batch, world_size, max_micro_batch, bn_batch)
     accumulation = -(-global_batch // (world_size * max_micro_batch))
@@ -311,12 +308,33 @@ def split(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: in
     )
 
 
-def _split_bn(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int) -> Split:
-    if bn_batch > max_micro_batch:
+def split_size(
+    global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int | None = None
+) -> tuple[int, int]:
+    """(accumulation steps, largest micro-batch) of `split` with the same arguments, in constant time: a
+    plan of thousands of phases at accumulation in the thousands asks it at every phase."""
+    _check_split(global_batch, world_size, max_micro_batch, bn_batch)
+    if bn_batch is not None:
+        chunks = -(-global_batch // bn_batch)
+        return -(-chunks // world_size), min(bn_batch, global_batch)
+    accumulation = -(-global_batch // (world_size * max_micro_batch))
+    return accumulation, -(-(-(-global_batch // world_size)) // accumulation)
+
+
+def _check_split(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int | None) -> None:
+    if global_batch < 1 or world_size < 1 or max_micro_batch < 1 or (bn_batch is not None and bn_batch < 1):
+        raise ValueError(
+            f"split needs positive numbers, got global_batch={global_batch}, world_size={world_size}, "
+            f"max_micro_batch={max_micro_batch}, bn_batch={bn_batch}"
+        )
+    if bn_batch is not None and bn_batch > max_micro_batch:
         raise ValueError(
             f"a micro-batch of bn_batch={bn_batch} samples exceeds max_micro_batch={max_micro_batch}: "
             "raise batch.microBatchPerDevice to at least batch.bnBatch"
         )
+
+
+def _split_bn(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int) -> Split:
     full, rest = divmod(global_batch, bn_batch)
     chunks = [bn_batch] * full + ([rest] if rest else [])
     counts = _even(len(chunks), world_size)

@@ -43,7 +43,11 @@ def job(tmp_path, name):
 def agent(job_path, port: int, progress) -> subprocess.Popen:
     """One worker node, launched as the shells launch it."""
     command = launch.torchrun_args(
-        spec_of(job_path), str(job_path), launch.Rendezvous(f"127.0.0.1:{port}", "elastic-test"), python=PYTHON
+        spec_of(job_path),
+        str(job_path),
+        launch.Rendezvous(f"127.0.0.1:{port}", "elastic-test"),
+        python=PYTHON,
+        log_dir=str(job_path.with_name("torchelastic")),
     )
     env = trainer_env() | launch.trainer_env(
         checkpoint_dir=str(job_path.with_name("elastic-ckpt")),

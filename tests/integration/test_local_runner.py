@@ -42,9 +42,15 @@ def test_capacity_changes_keep_the_global_batch_exact(tmp_path):
         schedule={"totalSamples": total, "warmupSamples": 1_200, "minLrRatio": 0.05},
         checkpoint={"everySteps": 50},
     )
-    run_dir = tmp_path / "run"
-    result = lbctl_run(job, run_dir, "--capacity", "0:1,25%:2,65%:1", "--restart-cost", "0")
+    run_dir, temporary = tmp_path / "run", tmp_path / "tmp"
+    temporary.mkdir()
+    result = lbctl_run(job, run_dir, "--capacity", "0:1,25%:2,65%:1", "--restart-cost", "0",
+                       env=trainer_env() | {"TMPDIR": str(temporary)})  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # torchelastic's files are in the run directory, not left behind in TMPDIR (where torch keeps only its
+    # shared compile cache folder, torchinductor_<user>).
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert list((run_dir / "logs" / "torchelastic").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert (run_dir / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert record["complete"] and record["samplesConsumed"] == total

@@ -57,6 +57,7 @@ def run_standalone(
     else:
         command = [
             *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+            f"--log-dir={job.with_name('torchelastic')}",
             "-m", "largebatch_trainer", "--job", str(job), *extra,
         ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env() | (env or {}))

@@ -23,6 +23,9 @@ def test_a_node_runs_torchrun_elastic_between_min_and_max_against_an_external_st
         "--rdzv-conf=is_host=false,last_call_timeout=1,join_timeout=600", "--max-restarts=3",
         "--monitor-interval=1", "-m", "largebatch_trainer", "--job", "/etc/job.yaml",
     ]  # fmt: skip
+    # A local run keeps torchelastic's error files in its run directory, not in a temporary folder.
+    logged = launch.torchrun_args(spec, "/j.yaml", launch.Rendezvous("r:1", "j"), python="py", log_dir="/run/logs")
+    assert logged[logged.index("-m", 3) - 1] == "--log-dir=/run/logs"
 
 
 def test_the_trainer_reads_every_setting_the_shells_give_it(monkeypatch):

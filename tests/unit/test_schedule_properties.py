@@ -35,6 +35,21 @@ def test_split_is_exact_balanced_minimal_and_capped(global_batch, world_size, ca
 @given(
     global_batch=st.integers(1, 20_000),
     world_size=st.integers(1, 64),
+    cap=st.integers(1, 256),
+    bn_batch=st.none() | st.integers(1, 64),
+)
+def test_split_size_is_the_splits_accumulation_and_largest_micro_batch(global_batch, world_size, cap, bn_batch):
+    cap = max(cap, bn_batch or 1)
+    built = schedule.split(global_batch, world_size, cap, bn_batch)
+    assert schedule.split_size(global_batch, world_size, cap, bn_batch) == (
+        built.accumulation_steps,
+        built.max_micro_batch,
+    )
+
+
+@given(
+    global_batch=st.integers(1, 20_000),
+    world_size=st.integers(1, 64),
     bn_batch=st.integers(1, 64),
     extra=st.integers(0, 64),
     other_world=st.integers(1, 64),

@@ -45,7 +45,11 @@ def install() -> None:
     exec (elsewhere fork is less safe, macOS's system libraries above all, and nothing here measured it)."""
     if os.environ.get(WORKER_START, "fork") != "fork" or not sys.platform.startswith("linux"):
         return
-    import largebatch_trainer.loop  # noqa: F401 (imported once here, inherited by every worker)
+    # Imported once here and inherited by every worker. torch._dynamo too: every torch optimizer imports it
+    # when it is built (about 2 s of CPU), and nothing in it starts a thread or touches the GPU.
+    import torch._dynamo  # noqa: F401
+
+    import largebatch_trainer.loop  # noqa: F401
 
     processes.get_subprocess_handler = Handler
 

@@ -48,7 +48,9 @@ def start_node(settings: NodeSettings, index: int, slot: int) -> Node:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"node-{index}.log"
     rendezvous = launch.Rendezvous(f"127.0.0.1:{settings.rendezvous_port}", settings.run_id)
-    command = launch.torchrun_args(spec, str(settings.job_path), rendezvous, python=sys.executable)
+    command = launch.torchrun_args(
+        spec, str(settings.job_path), rendezvous, python=sys.executable, log_dir=str(logs / "torchelastic")
+    )
     port = metrics_port(settings.metrics_port, slot, spec.workers.devices_per_worker)
     env = os.environ | launch.trainer_env(
         checkpoint_dir=str(settings.run_dir / "checkpoints"),

@@ -16,6 +16,7 @@ narrow model (`lbctl sweep`) carry over to a wide one. Under μP, against the ba
 
 from __future__ import annotations
 
+import functools
 import math
 import sysconfig
 from pathlib import Path
@@ -31,6 +32,7 @@ PARAMETRIZATIONS = ("standard", "mup")
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
 
 
+@functools.cache  # the training and the held-out corpus both split this list: one walk of the tree
 def stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     return [path for path in sorted(root.rglob("*.py")) if not _SKIP_DIRS & set(path.relative_to(root).parts)]
@@ -73,6 +75,15 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class Tokens(nn.Embedding):
+    """The token embedding, drawn by GPT.initialise only. nn.Embedding draws in its constructor too, and
+    that draw on the meta device (where mup_model builds its references) imports torch._dynamo first:
+    2.5 s of every process that builds the μP model, each worker at each start."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class GPT(nn.Module):
     """GPT-2's architecture; `base_width` set: its μP version against that base width (see above)."""
 
@@ -81,7 +92,7 @@ class GPT(nn.Module):
         self.depth, self.readout_zero = depth, base_width is not None
         # μP: 1/d_head, equal to standard attention's 1/sqrt(d_head) at the base width.
         scale = math.sqrt(base_width // heads) / (width // heads) if base_width else None
-        self.tokens = nn.Embedding(256, width)
+        self.tokens = Tokens(256, width)
         self.positions = nn.Parameter(torch.zeros(context, width))
         self.blocks = nn.ModuleList(Block(width, heads, scale) for _ in range(depth))
         self.ln = nn.LayerNorm(width)
