@@ -318,7 +318,8 @@ def split_size(
         chunks = -(-global_batch // bn_batch)
         return -(-chunks // world_size), min(bn_batch, global_batch)
     accumulation = -(-global_batch // (world_size * max_micro_batch))
-    return accumulation, -(-(-(-global_batch // world_size)) // accumulation)
+    largest_rank = -(-global_batch // world_size)
+    return accumulation, -(-largest_rank // accumulation)
 
 
 def _check_split(global_batch: int, world_size: int, max_micro_batch: int, bn_batch: int | None) -> None:
