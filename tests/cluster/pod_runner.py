@@ -12,6 +12,8 @@ How a pod becomes a process (see README.md):
   `SERVICE:PORT` in a command resolves to the local port of the running pod behind that Service.
 - Credentials: the pod's ServiceAccount token (`kubectl create token`) in a kubeconfig of its own, as
   the in-cluster config would give it: the trainer reports with exactly the rights its pod has.
+- A container's /tmp is its own (torchrun leaves a folder there at every start): TMPDIR is a folder of
+  the pod.
 - No CUDA here: LARGEBATCH_DEVICE=cpu; metrics are off (LARGEBATCH_METRICS_PORT=0), one thread a process.
 - What the kubelet reports: a pod with `restartPolicy: Never` whose process ends gets phase Succeeded
   or Failed and a terminated container status with the exit code and, as `FallbackToLogsOnError` does,
@@ -157,6 +159,8 @@ class PodRunner:
         if spec.get("serviceAccountName") and spec.get("automountServiceAccountToken", True):
             env["KUBECONFIG"] = str(self.cluster.kubeconfig_for(spec["serviceAccountName"], self.namespace, home))
         env |= {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH") if k in os.environ}
+        (home / "tmp").mkdir(exist_ok=True)
+        env["TMPDIR"] = str(home / "tmp")
         log = open(home / "log", "ab")
         process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
