@@ -65,6 +65,7 @@ def launch(ranks: int, mode: str, launcher: str) -> dict:
         job, progress = job_file(directory, ranks), directory / "progress.json"
         head = [PYTHON, "-m", "largebatch_trainer.torchrun"] if launcher == "largebatch" else [TORCHRUN]
         command = [*head, "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0",
+                   f"--log-dir={directory / 'torchelastic'}",
                    "-m", "largebatch_trainer", "--job", str(job)]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1", LARGEBATCH_DEVICE="cpu", LARGEBATCH_METRICS_PORT="0")
         env.update(LARGEBATCH_PROGRESS_FILE=str(progress), LARGEBATCH_REPORT_SECONDS="0.2")

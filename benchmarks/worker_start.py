@@ -58,7 +58,7 @@ def launch(job: Path, ranks: int, mode: str) -> dict[str, float]:
                LARGEBATCH_METRICS_PORT="0", PYTHONUNBUFFERED="1")  # fmt: skip
     command = [
         PYTHON, "-m", "largebatch_trainer.torchrun", "--standalone", f"--nproc-per-node={ranks}",
-        "--max-restarts=0", "-m", "largebatch_trainer", "--job", str(job),
+        "--max-restarts=0", f"--log-dir={job.with_name('torchelastic')}", "-m", "largebatch_trainer", "--job", str(job),
     ]  # fmt: skip
     shutil.rmtree(job.with_name("ckpt"), ignore_errors=True)  # each launch trains from the start
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
