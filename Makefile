@@ -36,7 +36,6 @@ images:
 cluster-tools:
 	tests/cluster/install_packages.sh
 	tests/cluster/build_tools.sh
-	tests/cluster/build_monitoring.sh
 
 cluster-up: venv cluster-tools
 	$(PY) -m tests.cluster up --dir .cluster

@@ -30,10 +30,10 @@ HERE = Path(__file__).resolve().parent
 FAKE = "kwok.x-k8s.io/node"
 
 
-def tools(script: str = "build_tools.sh") -> Path:
-    """Build the binaries if they are missing (tests/cluster/build_tools.sh, or build_monitoring.sh for
-    prometheus, promtool and the Prometheus Operator's CRDs) and return their folder."""
-    out = subprocess.run([str(HERE / script)], check=True, capture_output=True, text=True)
+def tools() -> Path:
+    """Build the binaries and take the Prometheus Operator's CRDs if they are missing
+    (tests/cluster/build_tools.sh), and return their folder."""
+    out = subprocess.run([str(HERE / "build_tools.sh")], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,5 +1,5 @@
 """A real Prometheus (and promtool) for the observability tests, built from the upstream module by
-build_monitoring.sh: started on a scrape config of static targets, asked through its HTTP API."""
+build_tools.sh: started on a scrape config of static targets, asked through its HTTP API."""
 
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ from tests.cluster.cluster import tools
 from tests.helpers import free_port, wait_for
 
 
-def monitoring_tools() -> Path:
-    return tools("build_monitoring.sh")
-
-
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(monitoring_tools() / "promtool"), *args], input=stdin, capture_output=True, text=True)
+    return subprocess.run([str(tools() / "promtool"), *args], input=stdin, capture_output=True, text=True)
 
 
 class QueryError(Exception):
@@ -67,7 +63,7 @@ class Prometheus:
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 [
-                    str(monitoring_tools() / "prometheus"),
+                    str(tools() / "prometheus"),
                     f"--config.file={folder / 'prometheus.yml'}",
                     f"--storage.tsdb.path={folder / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",

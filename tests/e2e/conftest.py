@@ -10,7 +10,6 @@ from kubernetes import client, config
 from tests.cluster import images as container_images
 from tests.cluster.cluster import Cluster, tools
 from tests.cluster.node import RealNode
-from tests.cluster.prometheus import monitoring_tools
 from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
 from tests.helpers import wait_for
 
@@ -78,8 +77,8 @@ def operator_kubeconfig(crd, tmp_path_factory):
 @pytest.fixture(scope="session")
 def prometheus_operator_crds(cluster):
     """The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, from its published
-    module (tests/cluster/build_monitoring.sh): what a cluster with kube-prometheus-stack has."""
-    folder = monitoring_tools() / "crds"
+    module (tests/cluster/build_tools.sh): what a cluster with kube-prometheus-stack has."""
+    folder = tools() / "crds"
     cluster.kubectl("apply", "--server-side", "-f", str(folder))
     cluster.wait_established(
         *(f"{name}.monitoring.coreos.com" for name in ("servicemonitors", "podmonitors", "prometheusrules"))

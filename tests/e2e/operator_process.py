@@ -31,8 +31,12 @@ class OperatorProcess:
     @classmethod
     def start(cls, kubeconfig: Path, namespace: str, log: Path, **env: str) -> OperatorProcess:
         port = free_port()
+        # Its own temporary folder, as a pod's container has its own /tmp: the kubernetes client writes the
+        # kubeconfig's CA there and removes it at exit, which a killed operator never reaches.
+        tmp = log.parent / f"{log.stem}-tmp"
+        tmp.mkdir(exist_ok=True)
         variables = dict(clean_env(), KUBECONFIG=str(kubeconfig), LARGEBATCH_WATCH_NAMESPACES=namespace,
-                         LARGEBATCH_OPERATOR_METRICS_PORT=str(port), **FAST) | env  # fmt: skip
+                         LARGEBATCH_OPERATOR_METRICS_PORT=str(port), TMPDIR=str(tmp), **FAST) | env  # fmt: skip
         with open(log, "ab") as out:
             process = subprocess.Popen([str(operator_python()), "-m", "largebatch.kube"], env=variables, stdout=out,
                                        stderr=subprocess.STDOUT)  # fmt: skip
