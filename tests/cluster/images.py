@@ -25,7 +25,7 @@ from tests.cluster.cluster import spawn, stop_groups
 from tests.cluster.node import CACHE, PAUSE_IMAGE, RealNode, unmount_under
 from tests.helpers import ROOT, wait_for
 
-INPUTS = ("pyproject.toml", "README.md", "constraints.txt", "operator", "trainer_image")
+INPUTS = ("pyproject.toml", "constraints.txt", "operator", "trainer_image")
 """What the Dockerfiles copy (operator/Dockerfile and trainer_image/Dockerfile among them)."""
 
 

@@ -1,5 +1,5 @@
-"""The images are built by users' CI (no Docker engine here): keep the Dockerfiles lint-clean and
-pointing at files that exist."""
+"""The Dockerfiles, without building them (tests/e2e/test_real_node.py builds and runs both images):
+lint-clean, and pointing at files that exist."""
 
 from __future__ import annotations
 
