@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 import shutil
 import socket
 import subprocess
@@ -65,10 +66,28 @@ def wait_for(condition, timeout: float = 60.0, what: str = ""):
 
 
 def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on right now."""
+    """A TCP port on the loopback that nothing listens on right now, chosen below the kernel's ephemeral
+    range. A port from that range (what binding port 0 gives) can be handed to any outgoing connection
+    before whoever it was chosen for binds it: a worker that bound its metrics port a minute after the
+    test chose it met `Address already in use` (CI, 2026-12-02). Below the range only an explicit bind
+    takes a port."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = _PORTS.randrange(10_000, low - 1)  # and the next one, for a second worker (port + 1)
+        if port_is_free(port):
+            return port
+
+
+_PORTS = random.SystemRandom()
+
+
+def port_is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def contiguous(spans: list[tuple[int, int]], total: int, last_batch: int = 0) -> bool:

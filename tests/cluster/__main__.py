@@ -44,8 +44,6 @@ def main() -> None:
     real_node = node.RealNode if args.real_node else None
     cluster.start(args.gpu_nodes, args.gpus_per_node, args.cpu_nodes, real_node=real_node)
     if args.real_node:
-        pids = cluster.directory / "pids"
-        pids.write_text(pids.read_text() + "".join(f"\n{n} {p.pid}" for n, p in cluster.node.processes.items()))
         print(
             f"real node {node.NAME}: pods with the toleration {node.TOLERATION} and the selector {node.SELECTOR}; "
             f"load an image with  docker save IMAGE | ctr --address {cluster.node.socket} -n k8s.io images import -"

@@ -9,12 +9,14 @@ their own, and KWOK, which plays the kubelet for fake nodes (GPU nodes with `nvi
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import ipaddress
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +167,7 @@ class Cluster:
     directory: Path
     bin: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -238,7 +241,14 @@ class Cluster:
             self.add_node(f"gpu-{i}", gpus=gpus_per_node)
         for i in range(cpu_nodes):
             self.add_node(f"cpu-{i}", gpus=0)
-        (d / "pids").write_text("\n".join(f"{n} {p.pid}" for n, p in self.processes.items()))
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """What `python -m tests.cluster down` stops, should a test run be killed: the control plane's
+        processes and the real node's (their names differ)."""
+        node = getattr(self, "node", None)
+        processes = self.processes | (node.processes if node else {})
+        (self.directory / "pids").write_text("\n".join(f"{n} {p.pid}" for n, p in processes.items()))
 
     @staticmethod
     def _addresses(real_node) -> list[str]:
@@ -254,7 +264,23 @@ class Cluster:
         ]  # fmt: skip
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        self.processes[name] = spawn([str(self.bin / name), *args], self.directory / f"{name}.log")
+        self.commands[name] = [str(self.bin / name), *args]
+        self.processes[name] = spawn(self.commands[name], self.directory / f"{name}.log")
+
+    @contextlib.contextmanager
+    def stopped(self, name: str) -> Iterator[None]:
+        """One component stopped (SIGTERM, as an upgrade of a control plane does) for as long as the block
+        runs, then started again with the same flags (etcd keeps its data); returns once the API server
+        answers /readyz again, which checks etcd too."""
+        process = self.processes[name]
+        stop_groups([process.pid])
+        process.wait()
+        try:
+            yield
+        finally:
+            self.processes[name] = spawn(self.commands[name], self.directory / f"{name}.log")
+            self._write_pids()
+            self._wait_ready(timeout=60)
 
     def kubectl(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return _run([str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], check, **kw)

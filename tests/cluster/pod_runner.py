@@ -20,6 +20,8 @@ How a pod becomes a process (see README.md):
   the log's last 80 lines (at most 2048 bytes) as the message. A pod naming an image pull secret that
   does not exist is not started and gets the `ErrImagePull` waiting state (images are not pulled here,
   so this stands in for a private registry refusing the pull).
+- An API server that is away (stopped, or answering 5xx while etcd is): tried again every 0.2 s, as a
+  kubelet does; what that raised is kept in `unavailable`, apart from `errors`, which tests expect empty.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 
 from largebatch.kube.manifests import JOB_LABEL
@@ -64,6 +67,7 @@ class PodRunner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
+        self.unavailable: list[str] = []  # what the API server's absence raised (a control-plane fault's tests)
 
     def __enter__(self) -> PodRunner:
         self._thread.start()
@@ -79,6 +83,10 @@ class PodRunner:
         while not self._stop.is_set():
             try:
                 self._sync()
+            except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
+                self.unavailable.append(repr(exc))  # no API server: as a kubelet does, try again
+            except client.ApiException as exc:
+                (self.unavailable if exc.status >= 500 else self.errors).append(repr(exc))  # 5xx: etcd away
             except Exception as exc:  # keep running; the test sees what went wrong
                 self.errors.append(repr(exc))
             self._stop.wait(0.2)
@@ -103,7 +111,13 @@ class PodRunner:
         terminated = {"exitCode": code, "reason": "Error" if code else "Completed"} | (
             {"message": message} if message else {}
         )
-        self._set_container_state(name, "Failed" if code else "Succeeded", run.container, {"terminated": terminated})
+        phase = "Failed" if code else "Succeeded"
+        try:
+            self._set_container_state(name, phase, run.container, {"terminated": terminated})
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            # deleted while its process ended (the operator removes a finished job's pods): nothing to report
         del self.running[name]
 
     def _set_container_state(self, name: str, phase: str, container: str, state: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from tests.cluster import images as container_images
 from tests.cluster.cluster import Cluster, tools
 from tests.cluster.node import RealNode
 from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
+from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
 
@@ -84,3 +85,10 @@ def prometheus_operator_crds(cluster):
         *(f"{name}.monitoring.coreos.com" for name in ("servicemonitors", "podmonitors", "prometheusrules"))
     )
     return cluster
+
+
+@pytest.fixture
+def operator(operator_kubeconfig, namespace, tmp_path):
+    process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log")
+    yield process
+    process.stop()

@@ -1,6 +1,7 @@
 """The generated CRD on a real kube-apiserver: it is accepted (structural), defaults apply, CEL rules
 reject bad jobs at `kubectl apply` with their message, `kubectl explain` and the printer columns work,
-and the trainer's Kubernetes progress sink patches the status subresource."""
+and the trainer's Kubernetes progress sink patches the status subresource, and keeps a report the
+server refuses until it takes one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from largebatch import api, report, schedule
 from largebatch.api import PlanStatus, ProgressStatus
 from largebatch_trainer.progress import KubernetesSink
 from tests.e2e.jobs import apply, seesaw
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -136,6 +137,7 @@ def test_the_trainer_patches_progress_into_the_status_subresource(crd, namespace
     )  # fmt: skip
     plan = PlanStatus(global_batch=256, micro_batch=256, accumulation_steps=1, world_size=1, lr=0.001)
     sink.report(report.report(progress, plan))
+    assert sink.close(timeout=30)
     status = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw"
     )["status"]
@@ -147,3 +149,61 @@ def test_the_trainer_patches_progress_into_the_status_subresource(crd, namespace
     )
     row = crd.kubectl("get", "lbj", "pylm-seesaw", "-n", namespace, "--no-headers").stdout.split()
     assert "256" in row and "12" in row and "2.5" in row
+
+
+def test_a_refused_status_report_is_kept_and_the_newest_one_sent_once_the_server_takes_it(
+    crd, namespace, monkeypatch, capsys
+):
+    """The status write refused, for real: an admission policy denies every patch of the job's status, as a
+    webhook or a quota would. The trainer's report neither blocks nor raises; the newest report is sent
+    once the policy is gone, the older one it superseded never."""
+    assert apply(crd, seesaw(), namespace).returncode == 0
+    refuse = f"{namespace}-refuse-status"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": refuse},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [api.GROUP], "apiVersions": [api.VERSION],
+                                                    "operations": ["UPDATE"], "resources": [f"{api.PLURAL}/status"]}]},
+            "validations": [{"expression": "false", "message": "status writes are refused for this test"}],
+        },
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": refuse},
+        "spec": {"policyName": refuse, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    }  # fmt: skip
+    custom = client.CustomObjectsApi(crd.api)
+
+    def refused() -> bool:
+        try:
+            custom.patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw", {"status": {"progress": {"step": 1}}}
+            )
+        except client.ApiException as exc:
+            return "status writes are refused" in exc.body
+        return False
+
+    monkeypatch.setenv("KUBECONFIG", str(crd.kubeconfig))
+    plan = PlanStatus(global_batch=256, micro_batch=256, accumulation_steps=1, world_size=1, lr=0.001)
+    progress = [
+        ProgressStatus(step=step, samples=256 * step, loss=2.5, noise_scale=None, samples_per_second=900.0,
+                       policy_batch=256, last_change_step=0, done=False, elastic_restarts=0)
+        for step in (12, 13)
+    ]  # fmt: skip
+    crd.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([policy, binding]))
+    try:
+        wait_for(refused, what="the admission policy in force")  # the API server loads policies in the background
+        sink = KubernetesSink(namespace, "pylm-seesaw")
+        sink.report(report.report(progress[0], plan))
+        assert not sink.close(timeout=3)  # refused: kept, and the caller was not held up beyond what it allowed
+        sink.report(report.report(progress[1], plan))
+    finally:
+        crd.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", refuse)
+    assert sink.close(timeout=60)
+    stored = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw")
+    assert report.read(stored["status"])[0] == progress[1]
+    said = capsys.readouterr().err
+    assert "status report refused (HTTP 422" in said and "status reports resumed after" in said

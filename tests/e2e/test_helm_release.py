@@ -11,9 +11,8 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE, apply
+from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE, apply, job_document
 from tests.e2e.operator_process import OperatorProcess
-from tests.e2e.test_operator import job_document
 from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.e2e

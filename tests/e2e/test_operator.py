@@ -10,79 +10,29 @@ from kubernetes import client
 
 from largebatch import api
 from largebatch_trainer import checkpoint
-from tests import helpers
 from tests.cluster.pod_runner import PodRunner
-from tests.e2e.jobs import apply
+from tests.e2e.jobs import (
+    KWOK_TOLERATION,
+    TOTAL,
+    apply,
+    contiguous,
+    growing_job,
+    history,
+    job_document,
+    shared_claim,
+    status_of,
+    wait_or_explain,
+)
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
-TOTAL = 16 * 8_000
-"""Steps enough that a job outlasts what a test does to it: the suspend acted on (thousands of steps
-after the test saw step 200), a lost worker replaced (the group stalls at min = max = 2 until it is), a
-cut's new worker joined (a small GPT's steps, slow enough for that)."""
-KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def job_document(name: str, claim: str | None, total: int = TOTAL, **workers) -> dict:
-    return {
-        "apiVersion": "largebatch.io/v1alpha1",
-        "kind": "LargeBatchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "largebatch-trainer:test",
-            "task": {"entrypoint": "largebatch_trainer.tasks:linreg", "args": {"dim": 64, "samples": 65_536}},
-            "workers": {"min": 1, "max": 2, "accelerator": "nvidia.com/gpu", "pod": {"tolerations": [KWOK_TOLERATION]}}
-            | workers,
-            "batch": {"initial": 16, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "seesaw"}},
-            "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
-            "schedule": {"totalSamples": total, "warmupSamples": 320, "decay": "cosine", "minLrRatio": 0.1},
-            "checkpoint": {"path": "/ckpt", "everySteps": 50} | ({"claimName": claim} if claim else {}),
-        },
-    }
-
-
-def shared_claim(cluster, namespace: str, name: str) -> None:
-    """A ReadWriteMany claim bound to a static volume (the pod runner gives it one shared folder)."""
-    core = client.CoreV1Api(cluster.api)
-    core.create_persistent_volume({
-        "metadata": {"name": f"{namespace}-{name}"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "hostPath": {"path": f"/tmp/{namespace}-{name}"},
-                 "claimRef": {"namespace": namespace, "name": name}},
-    })  # fmt: skip
-    core.create_namespaced_persistent_volume_claim(namespace, {
-        "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual", "volumeName": f"{namespace}-{name}",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    })  # fmt: skip
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim(name, namespace).status.phase == "Bound",
-             what="the claim bound")  # fmt: skip
-
-
-@pytest.fixture
-def operator(operator_kubeconfig, namespace, tmp_path):
-    process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log")
-    yield process
-    process.stop()
-
-
-def status_of(cluster, namespace: str, name: str) -> dict:
-    custom = client.CustomObjectsApi(cluster.api)
-    return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name).get("status") or {}
-
 
 def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, operator, tmp_path):
     shared_claim(crd, namespace, "checkpoints")
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
-        # A small GPT rather than linreg: steps slow enough that the half of the run after the cut outlasts
-        # a new worker's start and rendezvous on a busy machine (linreg finished first in CI).
-        document = job_document("grow", "checkpoints", total=TOTAL)
-        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
-                                    "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
-        document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
-        assert apply(crd, document, namespace).returncode == 0
+        assert apply(crd, growing_job("grow", "checkpoints"), namespace).returncode == 0
         try:
             # 8,000 steps on two workers beside the process tests and the real node's own: minutes (CI).
             wait_for(lambda: status_of(crd, namespace, "grow").get("phase") == "Succeeded", timeout=600,
@@ -105,26 +55,6 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
     core = client.CoreV1Api(crd.api)
     wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace).items if not p.metadata.deletion_timestamp],
              what="the job's pods removed")  # fmt: skip
-
-
-def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, pods: PodRunner, log_path, timeout=300):
-    """wait_for, and on a timeout the job's status, the pods' logs and the operator's log."""
-    try:
-        return wait_for(condition, timeout=timeout, what=what)
-    except AssertionError:
-        logs = "\n".join(f"--- {p}\n{pods.log(p)[-1500:]}" for p in dict.fromkeys(pods.started))
-        raise AssertionError(f"timed out waiting for {what}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
-                             f"{logs}\n--- operator\n{log_path.read_text()[-3000:]}") from None  # fmt: skip
-
-
-def history(tmp_path) -> list[list[int]]:
-    return checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["history"]
-
-
-def contiguous(runs: list[list[int]], total: int) -> bool:
-    """The trainer's step history (first sample, batch, steps per run) covers the stream exactly."""
-    return helpers.contiguous([(first, first + batch * steps) for _, first, batch, _, steps in runs], total,
-                              last_batch=runs[-1][2])  # fmt: skip
 
 
 def test_the_trainers_token_may_patch_its_jobs_status_and_nothing_else(crd, namespace, operator):

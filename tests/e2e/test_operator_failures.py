@@ -8,24 +8,10 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.pod_runner import PodRunner
-from tests.e2e.jobs import apply
-from tests.e2e.operator_process import OperatorProcess
-from tests.e2e.test_operator import job_document, shared_claim, status_of
+from tests.e2e.jobs import apply, condition, job_document, shared_claim, status_of
 from tests.helpers import divergences_raised, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def operator(operator_kubeconfig, namespace, tmp_path):
-    process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log")
-    yield process
-    process.stop()
-
-
-def condition(cluster, namespace: str, name: str, kind: str) -> dict | None:
-    found = [c for c in status_of(cluster, namespace, name).get("conditions", []) if c["type"] == kind]
-    return found[0] if found else None
 
 
 def events(cluster, namespace: str, name: str) -> list[tuple[str, str, str]]:

@@ -8,9 +8,8 @@ import pytest
 from kubernetes import client
 
 from largebatch import controller
-from tests.e2e.jobs import RELEASE, apply
+from tests.e2e.jobs import RELEASE, apply, job_document
 from tests.e2e.operator_process import OperatorProcess
-from tests.e2e.test_operator import job_document
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e

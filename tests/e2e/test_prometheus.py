@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import urllib.request
 
@@ -23,10 +22,9 @@ import yaml
 from kubernetes import client
 
 from tests.cluster.prometheus import Prometheus, promtool
-from tests.e2e.jobs import CHART, apply
+from tests.e2e.jobs import CHART, apply, job_document
 from tests.e2e.operator_process import OperatorProcess
-from tests.e2e.test_operator import job_document
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port, port_is_free, wait_for
 from tests.integration.trainer_helpers import PYTHON, trainer_env, write_job
 
 pytestmark = pytest.mark.e2e
@@ -63,8 +61,7 @@ def two_free_ports() -> int:
 
     def adjacent() -> int | None:
         port = free_port()
-        with socket.socket() as s:
-            return port if s.connect_ex(("127.0.0.1", port + 1)) != 0 else None
+        return port if port_is_free(port + 1) else None
 
     return wait_for(adjacent, what="two adjacent free ports")
 

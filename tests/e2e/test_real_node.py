@@ -21,9 +21,7 @@ from kubernetes import client
 
 from largebatch_trainer import checkpoint
 from tests.cluster import node
-from tests.e2e.jobs import CHART, apply
-from tests.e2e.test_operator import contiguous, job_document, status_of
-from tests.e2e.test_operator_failures import condition
+from tests.e2e.jobs import CHART, apply, condition, contiguous, job_document, status_of
 from tests.helpers import ROOT, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.close(clean)
     if finished:
         trainer.report_done()  # after close: every rank has finished, and none is left in the group
+    if options.sink is not None:
+        # The final report is what tells the operator the job is done: wait for it a while. A stopped
+        # worker has only its grace period, and its next run reports again.
+        options.sink.close(timeout=60 if finished else 5)
     return 0 if finished else 143  # 143: stopped by SIGTERM/SIGINT after a checkpoint
 
 

@@ -1,0 +1,84 @@
+"""What a managed control plane does to a running job on every upgrade: its API server restarted, its
+etcd restarted. Real training through the pod runner; the test control plane stops the component
+(SIGTERM) and starts it again with the same flags, etcd keeping its data."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from kubernetes import client
+
+from largebatch import api, schedule
+from largebatch_trainer import checkpoint
+from tests.cluster.pod_runner import PodRunner
+from tests.e2e.jobs import apply, contiguous, growing_job, history, shared_claim, status_of, wait_or_explain
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+TOTAL = 16 * 20_000
+RAMP = 40_000
+"""The batch goes from 16 (one worker) to 32 (two) at sample 40,000 of 320,000: most of the run is left
+for what the test does after the batch grew, beside two outages."""
+
+
+def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, operator, tmp_path):
+    """The API server stays away while the batch grows past one worker, and for longer than kopf retries a
+    request by default, so the first the operator hears of the growth is rank 0's report after the
+    restart; etcd then goes away while two workers train, and a worker lost after that is replaced: the
+    operator's watches came back without a restart of the operator."""
+    shared_claim(crd, namespace, "checkpoints")
+    document = growing_job("restart", "checkpoints", total=TOTAL)
+    document["spec"]["batch"]["policy"] = {"type": "linearRamp", "linearRamp": {"increment": 16, "rampSamples": RAMP}}
+    spec = api.LargeBatchJob.model_validate(document).spec
+    grows = next(phase.start for phase in schedule.phases(spec) if phase.global_batch == 32)
+    core = client.CoreV1Api(crd.api)
+    with PodRunner(crd, namespace, tmp_path / "pods") as pods:
+        assert apply(crd, document, namespace).returncode == 0
+        explain = dict(cluster=crd, namespace=namespace, name="restart", pods=pods, log_path=operator.log)
+        samples = lambda: status_of(crd, namespace, "restart").get("progress", {}).get("samples", 0)  # noqa: E731
+        wait_or_explain(lambda: samples() >= grows - 16 * 600, "the job close to its batch growing", **explain)
+        assert samples() < grows, f"the batch grew at {grows} samples before the test stopped the API server"
+
+        with crd.stopped("kube-apiserver"):
+            # Training needs no API server: the checkpoint (on the host) shows the batch grown without it.
+            wait_for(lambda: any(batch == 32 for _, _, batch, *_ in runs_so_far(tmp_path)), timeout=300,
+                     what="the trainer to grow its batch while the API server is away")  # fmt: skip
+            # Away for longer than kopf's default retries of one request (9 tries over 54 s), after which it
+            # gives the request up: an upgrade's restart can take that long.
+            wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
+                     what="the operator to have tried one request nine times")  # fmt: skip
+        assert pods.unavailable, "the pod runner never saw the API server away"
+        wait_or_explain(lambda: status_of(crd, namespace, "restart").get("plan", {}).get("worldSize") == 2,
+                        "the operator to add the worker it heard of after the restart", **explain)  # fmt: skip
+
+        step = status_of(crd, namespace, "restart")["progress"]["step"]
+        with crd.stopped("etcd"):
+            wait_for(lambda: newest_step(tmp_path) > step + 100, timeout=300,
+                     what="two workers training on while etcd is away")  # fmt: skip
+        core.delete_namespaced_pod("restart-worker-1", namespace)  # a worker lost once etcd is back
+        wait_or_explain(lambda: pods.started.count("restart-worker-1") == 2, "the lost worker replaced", **explain)
+        wait_or_explain(lambda: status_of(crd, namespace, "restart").get("phase") == "Succeeded",
+                        "the job to succeed", **explain)  # fmt: skip
+        assert operator.process.poll() is None  # the same operator process throughout
+        assert pods.errors == []
+        assert pods.started.count("restart-worker-0") == 1 and pods.started.count("restart-rdzv") == 1
+        rank0 = pods.log("restart-worker-0")
+        assert "status report refused" in rank0 and "status reports resumed" in rank0
+        # No traceback of the trainer's (torchrun's own lines carry a prefix: its exit barrier complains when
+        # the operator removes the store of a finished job first).
+        assert not re.search(r"^Traceback", rank0, re.MULTILINE), rank0
+    status = status_of(crd, namespace, "restart")
+    assert status["progress"]["samples"] == TOTAL and status["progress"]["done"] is True
+    assert contiguous(history(tmp_path), TOTAL)  # nothing skipped or repeated
+
+
+def runs_so_far(tmp_path) -> list[list[int]]:
+    """The step history in the newest checkpoint, read on the host; none before the first checkpoint."""
+    newest = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")
+    return newest[1]["history"] if newest else []
+
+
+def newest_step(tmp_path) -> int:
+    return sum(steps for *_, steps in runs_so_far(tmp_path))
