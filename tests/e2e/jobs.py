@@ -96,7 +96,10 @@ def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, po
 
 
 def history(tmp_path) -> list[list[int]]:
-    return checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["history"]
+    """The step history in the newest checkpoint on the shared claim, read on the host; none before the
+    first checkpoint."""
+    newest = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")
+    return newest[1]["history"] if newest else []
 
 
 def contiguous(runs: list[list[int]], total: int) -> bool:

@@ -10,7 +10,6 @@ import pytest
 from kubernetes import client
 
 from largebatch import api, schedule
-from largebatch_trainer import checkpoint
 from tests.cluster.pod_runner import PodRunner
 from tests.e2e.jobs import apply, contiguous, growing_job, history, shared_claim, status_of, wait_or_explain
 from tests.helpers import wait_for
@@ -43,7 +42,7 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, ope
 
         with crd.stopped("kube-apiserver"):
             # Training needs no API server: the checkpoint (on the host) shows the batch grown without it.
-            wait_for(lambda: any(batch == 32 for _, _, batch, *_ in runs_so_far(tmp_path)), timeout=300,
+            wait_for(lambda: any(batch == 32 for _, _, batch, *_ in history(tmp_path)), timeout=300,
                      what="the trainer to grow its batch while the API server is away")  # fmt: skip
             # Away for longer than kopf's default retries of one request (9 tries over 54 s), after which it
             # gives the request up: an upgrade's restart can take that long.
@@ -74,11 +73,5 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, ope
     assert contiguous(history(tmp_path), TOTAL)  # nothing skipped or repeated
 
 
-def runs_so_far(tmp_path) -> list[list[int]]:
-    """The step history in the newest checkpoint, read on the host; none before the first checkpoint."""
-    newest = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")
-    return newest[1]["history"] if newest else []
-
-
 def newest_step(tmp_path) -> int:
-    return sum(steps for *_, steps in runs_so_far(tmp_path))
+    return sum(steps for *_, steps in history(tmp_path))
