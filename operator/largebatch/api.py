@@ -152,6 +152,10 @@ class PodOverrides(_Model):
     """PriorityClass of the worker pods."""
     image_pull_secrets: list[SecretName] = Field(default_factory=list, max_length=16)
     """Secrets for pulling `spec.image` from a private registry (worker and rendezvous pods)."""
+    termination_grace_period_seconds: int = Field(default=60, ge=1, le=3600)
+    """Seconds a worker has, once told to stop (a preemption, a suspend, a scale-down), to finish its step
+    and write a checkpoint before it is killed: more than one step and one checkpoint of the model take
+    (docs/operations.md, "Preemption")."""
 
 
 class Resources(_Model):

@@ -226,14 +226,8 @@ class Cluster:
                 "--leader-elect=false", "--secure-port=0",
             ],
         )  # fmt: skip
-        self._spawn(
-            "kwok",
-            [
-                f"--kubeconfig={pki.kubeconfig('kwok', self.server, d / 'kwok.kubeconfig')}",
-                "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE}=fake",
-                "--node-ip=10.1.0.1", "--cidr=10.2.0.0/16", f"--config={self.bin / 'kwok-stages.yaml'}",
-            ],
-        )  # fmt: skip
+        pki.kubeconfig("kwok", self.server, d / "kwok.kubeconfig")
+        self._spawn_kwok("fake")
         if real_node:
             self.node = real_node(self)
             self.node.start()
@@ -263,8 +257,21 @@ class Cluster:
             "--bind-address=0.0.0.0", f"--advertise-address={NODE_IP}", "--kubelet-preferred-address-types=InternalIP"
         ]  # fmt: skip
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        self.commands[name] = [str(self.bin / name), *args]
+    def _spawn_kwok(self, nodes: str) -> None:
+        """KWOK for the nodes annotated `FAKE=nodes`: "fake" for the shared one, a node's name for a node
+        with a KWOK of its own (one that a test can lose)."""
+        self._spawn(
+            "kwok" if nodes == "fake" else f"kwok-{nodes}",
+            [
+                f"--kubeconfig={self.directory / 'kwok.kubeconfig'}",
+                "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE}={nodes}",
+                "--node-ip=10.1.0.1", "--cidr=10.2.0.0/16", f"--config={self.bin / 'kwok-stages.yaml'}",
+            ],
+            binary="kwok",
+        )  # fmt: skip
+
+    def _spawn(self, name: str, args: list[str], binary: str | None = None) -> None:
+        self.commands[name] = [str(self.bin / (binary or name)), *args]
         self.processes[name] = spawn(self.commands[name], self.directory / f"{name}.log")
 
     @contextlib.contextmanager
@@ -312,14 +319,18 @@ class Cluster:
             time.sleep(0.2)
         raise TimeoutError(f"kube-apiserver not ready after {timeout} s; see {self.directory}/kube-apiserver.log")
 
-    def add_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi") -> None:
+    def add_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi", losable: bool = False) -> None:
+        """A fake node; `losable`: with a KWOK of its own, which `lose_node` stops."""
         allocatable = {"cpu": cpu, "memory": memory, "pods": "110"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+        if losable:
+            self._spawn_kwok(name)
+            self._write_pids()
         node = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": name,
-                "annotations": {FAKE: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "annotations": {FAKE: name if losable else "fake", "node.alpha.kubernetes.io/ttl": "0"},
                 "labels": {
                     "type": "kwok",
                     "kubernetes.io/hostname": name,
@@ -341,6 +352,16 @@ class Cluster:
 
     def remove_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--wait=true")
+        self.lose_node(name)
+
+    def lose_node(self, name: str) -> None:
+        """Stop the KWOK of a `losable` node: its heartbeats stop, as a kubelet's do when its machine
+        loses power or its network; the node-lifecycle controller takes it from there."""
+        process = self.processes.pop(f"kwok-{name}", None)
+        if process:
+            stop_groups([process.pid])
+            process.wait()
+            self._write_pids()
 
     def token_for(self, service_account: str, namespace: str = "default") -> str:
         return self.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h").stdout.strip()

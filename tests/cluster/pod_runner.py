@@ -9,7 +9,9 @@ How a pod becomes a process (see README.md):
   shared by every pod that mounts it; an emptyDir is a folder of the pod. Every mount path in the
   command and the environment is replaced by its folder.
 - Ports: each container port gets a free local port, passed as `--port=` to the rendezvous store, and
-  `SERVICE:PORT` in a command resolves to the local port of the running pod behind that Service.
+  `SERVICE:PORT` in a command resolves to the local port of the running pod behind that Service. A pod
+  that replaces one of the same name gets the same ports, as a Service keeps its address when the pod
+  behind it is replaced: processes that resolved it before reach the new pod.
 - Credentials: the pod's ServiceAccount token (`kubectl create token`) in a kubeconfig of its own, as
   the in-cluster config would give it: the trainer reports with exactly the rights its pod has.
 - A container's /tmp is its own (torchrun leaves a folder there at every start): TMPDIR is a folder of
@@ -22,10 +24,15 @@ How a pod becomes a process (see README.md):
   so this stands in for a private registry refusing the pull).
 - An API server that is away (stopped, or answering 5xx while etcd is): tried again every 0.2 s, as a
   kubelet does; what that raised is kept in `unavailable`, apart from `errors`, which tests expect empty.
+- A node lost (`lose_node`): its pods' processes are frozen (SIGSTOP) until the runner stops, nothing of
+  them is reported and nothing more is started on the node: a machine that lost its power or its
+  network answers nothing, not even with a reset, and its peers learn of it only from their own
+  timeouts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -40,6 +47,7 @@ import urllib3
 from kubernetes import client
 
 from largebatch.kube.manifests import JOB_LABEL
+from largebatch.local.nodes import descendants, kill_tree
 from tests.helpers import free_port
 
 
@@ -52,6 +60,7 @@ class Running:
     grace: float
     report_exit: bool  # restartPolicy Never: the pod ends with its process
     container: str
+    node: str
 
 
 MESSAGE_LINES, MESSAGE_BYTES = 80, 2048  # the kubelet's FallbackToLogsOnError limits
@@ -64,8 +73,12 @@ class PodRunner:
         self.running: dict[str, Running] = {}
         self.started: list[str] = []  # the names of the pods started, in order (a replacement again)
         self._uids: set[str] = set()
+        self._ports: dict[tuple[str, int], int] = {}  # (pod name, container port) -> local port, kept
+        self.lost_nodes: set[str] = set()
+        self._frozen: list[Running] = []  # the processes of lost nodes' pods
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._lock = threading.Lock()  # the loop's thread and a test's `lose_node` both change `running`
         self.errors: list[str] = []
         self.unavailable: list[str] = []  # what the API server's absence raised (a control-plane fault's tests)
 
@@ -78,11 +91,15 @@ class PodRunner:
         self._thread.join(timeout=30)
         for name in list(self.running):
             self._end(name)
+        for run in self._frozen:
+            kill_tree(run.process.pid)
+            run.process.wait()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self._sync()
+                with self._lock:
+                    self._sync()
             except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
                 self.unavailable.append(repr(exc))  # no API server: as a kubelet does, try again
             except client.ApiException as exc:
@@ -100,8 +117,21 @@ class PodRunner:
             elif run.report_exit and run.process.poll() is not None:
                 self._report_exit(name, run)
         for pod in alive.values():
-            if pod.spec.node_name and pod.metadata.uid not in self._uids:
+            if pod.spec.node_name and pod.spec.node_name not in self.lost_nodes and pod.metadata.uid not in self._uids:
                 self._start(self.core.api_client.sanitize_for_serialization(pod))
+
+    def lose_node(self, node: str) -> list[str]:
+        """Freeze the processes of the pods on `node` (see the module's docstring); their pods' names."""
+        with self._lock:
+            self.lost_nodes.add(node)
+            names = [name for name, run in self.running.items() if run.node == node]
+            for name in names:
+                run = self.running.pop(name)
+                for process in (run.process.pid, *descendants(run.process.pid)):  # trainers: sessions of their own
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process, signal.SIGSTOP)
+                self._frozen.append(run)
+        return names
 
     def _report_exit(self, name: str, run: Running) -> None:
         code = run.process.returncode
@@ -156,7 +186,8 @@ class PodRunner:
         if any(f"{service}:" in words for service in unresolved):
             return  # a Service it needs has no running pod yet (the rendezvous store): next round
         mounts = self._volumes(spec, container, home)
-        ports = {p["containerPort"]: free_port() for p in container.get("ports", [])}
+        ports = {p["containerPort"]: self._ports.setdefault((name, p["containerPort"]), free_port())
+                 for p in container.get("ports", [])}  # fmt: skip
 
         def local(text: str) -> str:
             for path, folder in sorted(mounts.items(), key=lambda m: -len(m[0])):
@@ -179,8 +210,10 @@ class PodRunner:
         process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
-        self.running[name] = Running(pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace,
-                                     spec.get("restartPolicy") == "Never", container["name"])  # fmt: skip
+        self.running[name] = Running(
+            pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace,
+            spec.get("restartPolicy") == "Never", container["name"], spec["nodeName"],
+        )  # fmt: skip
         self.started.append(name)
         self._uids.add(pod["metadata"]["uid"])
 

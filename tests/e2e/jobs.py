@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import yaml
 from kubernetes import client
 
@@ -60,6 +63,28 @@ def growing_job(name: str, claim: str, total: int = TOTAL) -> dict:
                                 "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
     document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
     return document
+
+
+def on_nodes(nodes: list[str]) -> dict:
+    """A worker affinity that requires one of `nodes`."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+@contextlib.contextmanager
+def gpu_pool(cluster, namespace: str, count: int, losable: bool = False) -> Iterator[list[str]]:
+    """`count` fake nodes of one GPU each, for one test's workers (`on_nodes`), removed afterwards. Their
+    CPU (50m) is too little for the rendezvous pod (100m), which so stays on the shared nodes: a fault
+    thrown at a pool node hits workers only. `losable`: each has a KWOK of its own (`Cluster.lose_node`)."""
+    nodes = [f"{namespace[:40]}-{i}" for i in range(count)]
+    try:
+        for node in nodes:
+            cluster.add_node(node, gpus=1, cpu="50m", losable=losable)
+        yield nodes
+    finally:
+        for node in nodes:
+            cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=true")
+            cluster.lose_node(node)
 
 
 def shared_claim(cluster, namespace: str, name: str) -> None:

@@ -1,17 +1,22 @@
 """What a managed control plane does to a running job on every upgrade: its API server restarted, its
-etcd restarted. Real training through the pod runner; the test control plane stops the component
+etcd restarted; and the operator cut off from the API server (a proxy between them drops its
+connections). Real training through the pod runner; the test control plane stops the component
 (SIGTERM) and starts it again with the same flags, etcd keeping its data."""
 
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
-from kubernetes import client
+import urllib3
+from kubernetes import client, watch
 
 from largebatch import api, schedule
 from tests.cluster.pod_runner import PodRunner
+from tests.cluster.proxy import Proxy
 from tests.e2e.jobs import apply, contiguous, growing_job, history, shared_claim, status_of, wait_or_explain
+from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -22,16 +27,21 @@ RAMP = 40_000
 for what the test does after the batch grew, beside two outages."""
 
 
+def ramp_job(name: str) -> tuple[dict, int]:
+    """A job growing from one worker to two at RAMP samples, and the sample at which it grows."""
+    document = growing_job(name, "checkpoints", total=TOTAL)
+    document["spec"]["batch"]["policy"] = {"type": "linearRamp", "linearRamp": {"increment": 16, "rampSamples": RAMP}}
+    spec = api.LargeBatchJob.model_validate(document).spec
+    return document, next(phase.start for phase in schedule.phases(spec) if phase.global_batch == 32)
+
+
 def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, operator, tmp_path):
     """The API server stays away while the batch grows past one worker, and for longer than kopf retries a
     request by default, so the first the operator hears of the growth is rank 0's report after the
     restart; etcd then goes away while two workers train, and a worker lost after that is replaced: the
     operator's watches came back without a restart of the operator."""
     shared_claim(crd, namespace, "checkpoints")
-    document = growing_job("restart", "checkpoints", total=TOTAL)
-    document["spec"]["batch"]["policy"] = {"type": "linearRamp", "linearRamp": {"increment": 16, "rampSamples": RAMP}}
-    spec = api.LargeBatchJob.model_validate(document).spec
-    grows = next(phase.start for phase in schedule.phases(spec) if phase.global_batch == 32)
+    document, grows = ramp_job("restart")
     core = client.CoreV1Api(crd.api)
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
         assert apply(crd, document, namespace).returncode == 0
@@ -75,3 +85,61 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, ope
 
 def newest_step(tmp_path) -> int:
     return sum(steps for *_, steps in history(tmp_path))
+
+
+def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_twice(
+    crd, namespace, operator_kubeconfig, tmp_path
+):
+    """The operator reaches the API server through a proxy that drops every connection and refuses new
+    ones for a minute, while the batch grows past one worker: once let through, the operator adds the
+    one worker the growth needs, and no object of the job was created twice (a watch of its own sees
+    every pod created)."""
+    shared_claim(crd, namespace, "checkpoints")
+    document, grows = ramp_job("cut")
+    proxy = Proxy(crd.server)
+    operator = OperatorProcess.start(proxy.kubeconfig(operator_kubeconfig), namespace, tmp_path / "operator.log")
+    core = client.CoreV1Api(crd.api)
+    created: list[str] = []  # every pod the watch saw created, in order
+    done = threading.Event()
+
+    def watch_pods() -> None:
+        version = None  # resumed from the last event seen when a watch ends or breaks
+        while not done.is_set():
+            try:
+                stream = watch.Watch().stream(core.list_namespaced_pod, namespace, resource_version=version,
+                                              timeout_seconds=10)  # fmt: skip
+                for event in stream:
+                    version = event["object"].metadata.resource_version
+                    if event["type"] == "ADDED":
+                        created.append(event["object"].metadata.name)
+            except urllib3.exceptions.HTTPError:
+                continue
+
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    try:
+        with PodRunner(crd, namespace, tmp_path / "pods") as pods:
+            assert apply(crd, document, namespace).returncode == 0
+            explain = dict(cluster=crd, namespace=namespace, name="cut", pods=pods, log_path=operator.log)
+            samples = lambda: status_of(crd, namespace, "cut").get("progress", {}).get("samples", 0)  # noqa: E731
+            wait_or_explain(lambda: samples() >= grows - 16 * 600, "the job close to its batch growing", **explain)
+            services = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items}
+            with proxy.cut_off():
+                wait_for(lambda: any(batch == 32 for _, _, batch, *_ in history(tmp_path)), timeout=300,
+                         what="the trainer to grow its batch while the operator is cut off")  # fmt: skip
+                wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
+                         what="the operator to have tried one request nine times")  # fmt: skip
+            assert proxy.refused > 0, "the operator never tried to reconnect"
+            wait_or_explain(lambda: status_of(crd, namespace, "cut").get("plan", {}).get("worldSize") == 2,
+                            "the operator to add the worker the growth needs", **explain)  # fmt: skip
+            wait_or_explain(lambda: status_of(crd, namespace, "cut").get("phase") == "Succeeded",
+                            "the job to succeed", **explain)  # fmt: skip
+            assert operator.process.poll() is None and pods.errors == []
+        assert {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items} == services
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+        operator.stop()
+        proxy.close()
+    assert sorted(created) == ["cut-rdzv", "cut-worker-0", "cut-worker-1"], created  # each once
+    assert contiguous(history(tmp_path), TOTAL)

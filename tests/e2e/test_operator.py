@@ -19,6 +19,7 @@ from tests.e2e.jobs import (
     growing_job,
     history,
     job_document,
+    on_nodes,
     shared_claim,
     status_of,
     wait_or_explain,
@@ -142,9 +143,7 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
     shared_claim(crd, namespace, "checkpoints")
     nodes = [f"{namespace[:40]}-a", f"{namespace[:40]}-b"]
     crd.add_node(nodes[0], gpus=1)
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}  # fmt: skip
-    pod = {"tolerations": [KWOK_TOLERATION], "affinity": affinity}
+    pod = {"tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes)}
     total = 32 * 10_000  # at one worker with accumulation 2, long enough for the second node's worker to join
     document = job_document("cap", "checkpoints", total=total, min=1, max=2, pod=pod)
     document["spec"]["batch"] = {"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}}

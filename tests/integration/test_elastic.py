@@ -1,11 +1,12 @@
 """Elastic training with real torchrun agents and a rendezvous store that no worker hosts: two nodes
 train, one node is killed (SIGKILL to its agent and worker), the survivor restarts at world size 1 from
 the newest checkpoint and finishes. No sample is skipped or repeated, and the result matches an
-uninterrupted run."""
+uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -60,6 +61,14 @@ def agent(job_path, port: int, progress) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def two_nodes_training(progress, past_step: int = 150) -> None:
+    wait_for(
+        lambda: (r := json.loads(progress.read_text()))["plan"]["worldSize"] == 2 and r["progress"]["step"] > past_step,
+        timeout=120,
+        what="two nodes training",
+    )
+
+
 def rendezvous_store(port: int) -> subprocess.Popen:
     """The store as the job's rendezvous pod runs it, ready once it says where it listens."""
     command = [PYTHON, "-m", "largebatch_trainer.rendezvous", "--host", "127.0.0.1", "--port", str(port)]
@@ -74,11 +83,7 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     job_path, progress = job(tmp_path, "elastic"), tmp_path / "progress.json"
     first, second = agent(job_path, port, progress), agent(job_path, port, progress)
     try:
-        wait_for(
-            lambda: (r := json.loads(progress.read_text()))["plan"]["worldSize"] == 2 and r["progress"]["step"] > 150,
-            timeout=120,
-            what="two nodes training",
-        )
+        two_nodes_training(progress)
         kill_tree(second.pid)  # the node is gone: agent and worker
         second.wait()
         assert first.wait(timeout=240) == 0, first.args
@@ -99,3 +104,39 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     expected = final_state(tmp_path / "reference-ckpt")
     assert state["progress"]["step"] == expected["progress"]["step"]
     torch.testing.assert_close(state["model"], expected["model"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
+    """The store killed (its pod deleted) while two nodes train: they train on without it, and when a
+    store listens at the same address again (the operator's new pod behind the Service), they stop
+    after a checkpoint and rejoin it. Neither agent fails, and the run resumes at the step it stopped."""
+    port = free_port()
+    store = rendezvous_store(port)
+    job_path, progress = job(tmp_path, "rejoin"), tmp_path / "progress.json"
+    first, second = agent(job_path, port, progress), agent(job_path, port, progress)
+    logs = [tmp_path / "agent-0.log", tmp_path / "agent-1.log"]
+    try:
+        two_nodes_training(progress)
+        store.kill()
+        store.wait()
+        wait_for(lambda: all("rendezvous store at" in log.read_text() for log in logs), timeout=60,
+                 what="both agents to notice the store gone")  # fmt: skip
+        step = json.loads(progress.read_text())["progress"]["step"]
+        two_nodes_training(progress, past_step=step + 100)  # training needs no store
+        store = rendezvous_store(port)
+        assert first.wait(timeout=240) == 0 and second.wait(timeout=60) == 0, [log.read_text()[-3000:] for log in logs]
+    finally:
+        for process in (first, second):
+            kill_tree(process.pid)
+        store.terminate()
+        store.wait(timeout=30)
+    text = "".join(log.read_text() for log in logs)
+    assert "back: the workers stop after a checkpoint and rejoin" in text
+    state = final_state(tmp_path / "elastic-ckpt")
+    assert state["progress"]["samples"] == TOTAL
+    assert contiguous(covered_samples(state["history"]), TOTAL)
+    stopped = [int(n) for n in re.findall(r"stopped after step (\d+)", text)]
+    assert stopped, text[-3000:]
+    # The next run began at the step the workers stopped at: the checkpoint on stop lost nothing.
+    resumed = {int(n) for n in re.findall(r"resumed from checkpoint \S+ at step (\d+)", text)}
+    assert set(stopped) <= resumed, (stopped, resumed)

@@ -61,6 +61,15 @@ def test_growing_creates_the_missing_indices_and_shrinking_removes_the_highest()
     assert world.pod_changes(0, pods) == ([], [1, 0])
 
 
+def test_a_shrink_keeps_the_running_workers_and_removes_the_unplaced():
+    """A preempted worker-0's replacement cannot be placed: the job shrinks to the running worker-1."""
+    pods = world.classify([pod(0, refused_ago=10), pod(1, "Running", node="n")], NOW)
+    assert world.pod_changes(1, pods) == ([], [0])
+    alone = world.classify([pod(1, "Running", node="n")], NOW)
+    assert world.pod_changes(1, alone) == ([], [])  # no new worker-0 while one worker is wanted
+    assert world.pod_changes(2, alone) == ([0], [])
+
+
 def test_an_ended_pod_is_deleted_first_and_replaced_under_its_own_name_afterwards():
     failed = world.classify([pod(0, "Running", node="n"), pod(1, "Failed", node="n")], NOW)
     assert world.pod_changes(2, failed) == ([], [1])
@@ -92,7 +101,9 @@ def test_applying_the_changes_reaches_exactly_the_desired_workers(desired, state
         pods = {i: p for i, p in pods.items() if not p["metadata"].get("deletionTimestamp")}
         pods.update({i: pod(i) for i in create})
     final = world.classify(list(pods.values()), NOW)
-    assert final.live == tuple(range(desired)) and not final.failed
+    assert len(final.live) == desired and not final.failed
+    running = [i for i, s in states.items() if s == "run"]
+    assert len(set(final.running) & set(running)) == min(desired, len(running)), "running workers kept first"
 
 
 def test_a_failed_worker_leaves_its_last_lines_and_a_stuck_one_its_reason():

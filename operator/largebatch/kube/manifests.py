@@ -259,8 +259,8 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[st
             {"name": "checkpoints", **checkpoints},
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
         ],
-        # Sixty seconds for the SIGTERM checkpoint of a suspend or a scale-down.
-        "terminationGracePeriodSeconds": 60,
+        # For the checkpoint on SIGTERM of a preemption, a suspend or a scale-down.
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
     }
     if pod.node_selector:
         pod_spec["nodeSelector"] = dict(pod.node_selector)

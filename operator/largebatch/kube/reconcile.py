@@ -324,7 +324,7 @@ def _reconcile(
             set_status("rescales", rescales)
 
     pending = pods.pending + created
-    ready = len([i for i in pods.running if i < decision.workers])
+    ready = min(len(pods.running), decision.workers)
     if ready == 0 and not progress.step:
         phase = "Pending"
     elif ready < decision.workers or pending or delete:

@@ -141,13 +141,19 @@ def capacity(pods: WorkerPods, grace_seconds: float) -> int | None:
 
 
 def pod_changes(desired: int, pods: WorkerPods) -> tuple[list[int], list[int]]:
-    """(indices to create, indices to delete) to run `desired` workers named `<job>-worker-<i>` with
-    i < desired. The highest indices go first; ended pods are deleted so that their names can be
-    reused (a replacement takes the same index)."""
+    """(indices to create, indices to delete) to run `desired` live workers named `<job>-worker-<i>`.
+    A shrink removes the workers that do least first: unplaced (refused by the scheduler, then not yet
+    seen by it), then starting, then running, the highest index first among equals, so that a running
+    worker is never given up for one the cluster cannot place (a preempted worker's replacement). A grow
+    takes free names below the larger of `desired` and the highest live index + 1; ended pods are
+    deleted so that their names can be reused (a replacement takes the same index)."""
     live = set(pods.live)
     busy = live | set(pods.deleting) | set(pods.failed) | set(pods.succeeded)  # names still taken
-    create = [i for i in range(desired) if i not in busy]
-    delete = sorted((i for i in live if i >= desired), reverse=True)
+    doing = {i: 0 for i in pods.unschedulable} | {i: 1 for i in pods.waiting} | {i: 2 for i in pods.starting}
+    least_useful_first = sorted(live, key=lambda i: (doing.get(i, 3), -i))
+    delete = least_useful_first[: max(0, len(live) - desired)]
+    names = max(desired, max(live, default=-1) + 1)
+    create = [i for i in range(names) if i not in busy][: max(0, desired - len(live))]
     delete += [i for i in (*pods.failed, *pods.succeeded) if i not in pods.deleting]
     return create, delete
 
