@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -110,3 +111,14 @@ def divergences_raised(log: str) -> int:
     """How many times a worker raised the trainer's divergence error in this log (its traceback's last
     line, unindented; torchrun's failure summary repeats it indented): one unless it was restarted."""
     return sum(line.startswith("largebatch_trainer.loop.DivergenceError: ") for line in log.splitlines())
+
+
+def resumed_steps(log: str) -> list[int]:
+    """The steps the trainer resumed at in this log, in order."""
+    return [int(n) for n in re.findall(r"resumed from checkpoint \S+ at step (\d+)", log)]
+
+
+def resumed_where_stopped(log: str) -> None:
+    """Every stop on SIGTERM in this log wrote a checkpoint that a later run began at: no step was redone."""
+    stopped = {int(n) for n in re.findall(r"stopped after step (\d+)", log)}
+    assert stopped and stopped <= set(resumed_steps(log)), (stopped, resumed_steps(log))

@@ -4,7 +4,6 @@ deleted). Real training through the pod runner, on one-GPU nodes of the test's o
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -24,7 +23,7 @@ from tests.e2e.jobs import (
     status_of,
     wait_or_explain,
 )
-from tests.helpers import wait_for
+from tests.helpers import resumed_steps, resumed_where_stopped, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -46,13 +45,6 @@ def plan(cluster, namespace: str, name: str) -> dict:
 
 def step(cluster, namespace: str, name: str) -> int:
     return status_of(cluster, namespace, name).get("progress", {}).get("step", 0)
-
-
-def resumed_where_stopped(log: str) -> None:
-    """Every stop on SIGTERM wrote a checkpoint that the next run began at: no step was redone."""
-    stopped = {int(n) for n in re.findall(r"stopped after step (\d+)", log)}
-    resumed = {int(n) for n in re.findall(r"resumed from checkpoint \S+ at step (\d+)", log)}
-    assert stopped and stopped <= resumed, (stopped, resumed)
 
 
 def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, namespace, operator, tmp_path):
@@ -164,7 +156,7 @@ def test_a_lost_node_stalls_the_job_until_its_peers_time_out_and_its_worker_is_r
     # Marked unreachable within the node-monitor-grace-period (50 s from its last heartbeat), then evicted after
     # the toleration: never before the toleration ran out, nor 300 s later (the API server's default).
     assert UNREACHABLE_AFTER < evicted_after < 50 + UNREACHABLE_AFTER + 30, evicted_after
-    resumed = [int(n) for n in re.findall(r"resumed from checkpoint \S+ at step (\d+)", survivor)]
+    resumed = resumed_steps(survivor)
     assert resumed and resumed[-1] >= at_step - EVERY, (at_step, resumed)  # at most one checkpoint interval redone
     status = status_of(crd, namespace, "lost")
     assert status["progress"]["samples"] == LONGER
