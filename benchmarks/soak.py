@@ -17,8 +17,9 @@ namespace sees every pod), and the operator must be the process it started as. R
 the samples redone per fault kind (a job's reported samples falling back: what its restarts redid, at
 most one report interval short), the longest stall per fault kind (the longest time an affected job
 wrote no checkpoint in the 5 minutes after the fault, against its usual interval) and the operator's
-peak memory. Not thrown here, each an e2e test of its own: a preemption by the scheduler and a refused
-status write.
+peak memory. It exits non-zero when any check fails, leaving every log (the control plane's, the
+operator's, each pod's) in the folder it prints first. Not thrown here, each an e2e test of its own:
+a preemption by the scheduler and a refused status write.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -219,37 +221,45 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     names = [f"soak-{i}" for i in range(args.jobs)]
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        folder = Path(tmp)
-        cluster = Cluster(folder / "cluster", tools())
-        try:
-            cluster.start(gpu_nodes=0, cpu_nodes=1)
-            cluster.api = config.new_client_from_config(str(cluster.kubeconfig))
-            cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace")
-            cluster.wait_established("largebatchjobs.largebatch.io", "kopfpeerings.kopf.dev")
-            cluster.kubectl("create", "namespace", NAMESPACE)
-            helpers.wait_for(lambda: "default" in cluster.kubectl("get", "sa", "-n", NAMESPACE).stdout)
-            kubeconfig = cluster.kubeconfig_for(f"{RELEASE}-operator", OPERATOR_NAMESPACE, folder)
-            proxy = Proxy(cluster.server)
-            operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), NAMESPACE, folder / "operator.log")
-            with PodRunner(cluster, NAMESPACE, folder / "pods") as pods:
-                faults = Faults(cluster, pods, proxy, names, rng)
-                for _ in range(-(-2 * args.jobs // GPUS_PER_NODE) + 1):  # room for every job at two workers
-                    faults.add_node()
-                for i, name in enumerate(names):
-                    shared_claim(cluster, NAMESPACE, f"ckpt-{name}")
-                    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(job(i)))
-                observer = Observer(cluster, names, folder / "pods")
-                thrown = run_faults(faults, observer, rng, args.minutes * 60)
-                done = lambda: all(observer.status.get(n, {}).get("phase") in ("Succeeded", "Failed") for n in names)  # noqa: E731
-                try:
-                    helpers.wait_for(done, timeout=1800, what="every job to end")
-                except AssertionError:
-                    pass  # the report names the jobs that did not end
-                observer.stop()
-                report(observer, thrown, names, folder, operator, pods)
-        finally:
-            cluster.stop()
+    folder = Path(tempfile.mkdtemp(prefix="soak-"))
+    print(f"logs (kept unless the soak passes): {folder}", flush=True)
+    cluster = Cluster(folder / "cluster", tools())
+    operator = proxy = None
+    try:
+        cluster.start(gpu_nodes=0, cpu_nodes=1)
+        cluster.api = config.new_client_from_config(str(cluster.kubeconfig))
+        cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace")
+        cluster.wait_established("largebatchjobs.largebatch.io", "kopfpeerings.kopf.dev")
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        helpers.wait_for(lambda: "default" in cluster.kubectl("get", "sa", "-n", NAMESPACE).stdout)
+        kubeconfig = cluster.kubeconfig_for(f"{RELEASE}-operator", OPERATOR_NAMESPACE, folder)
+        proxy = Proxy(cluster.server)
+        operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), NAMESPACE, folder / "operator.log")
+        with PodRunner(cluster, NAMESPACE, folder / "pods") as pods:
+            faults = Faults(cluster, pods, proxy, names, rng)
+            for _ in range(-(-2 * args.jobs // GPUS_PER_NODE) + 1):  # room for every job at two workers
+                faults.add_node()
+            for i, name in enumerate(names):
+                shared_claim(cluster, NAMESPACE, f"ckpt-{name}")
+                cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(job(i)))
+            observer = Observer(cluster, names, folder / "pods")
+            thrown = run_faults(faults, observer, rng, args.minutes * 60)
+            done = lambda: all(observer.status.get(n, {}).get("phase") in ("Succeeded", "Failed") for n in names)  # noqa: E731
+            try:
+                helpers.wait_for(done, timeout=1800, what="every job to end")
+            except AssertionError:
+                pass  # the report names the jobs that did not end
+            observer.stop()
+            passed = report(observer, thrown, names, folder, operator, pods)
+    finally:
+        if operator:
+            operator.stop()
+        if proxy:
+            proxy.close()
+        cluster.stop()
+    if not passed:
+        sys.exit(f"the soak failed: its logs are in {folder}")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_faults(faults: Faults, observer: Observer, rng: random.Random, seconds: float) -> list[tuple]:
@@ -267,7 +277,8 @@ def run_faults(faults: Faults, observer: Observer, rng: random.Random, seconds: 
     return thrown
 
 
-def report(observer: Observer, thrown: list[tuple], names: list[str], folder: Path, operator, pods) -> None:
+def report(observer: Observer, thrown: list[tuple], names: list[str], folder: Path, operator, pods) -> bool:
+    """Prints the report; whether the soak passed."""
     failures = []
     for name in names:
         status = observer.status.get(name, {})
@@ -303,7 +314,7 @@ def report(observer: Observer, thrown: list[tuple], names: list[str], folder: Pa
           f"{'still the process it started as' if operator.process.poll() is None else 'EXITED'}")  # fmt: skip
     print(f"pod runner errors: {pods.errors or 'none'}; pods of one name at once: {observer.overlaps or 'never'}")
     print("every job Succeeded, complete and contiguous" if not failures else "FAILED:\n" + "\n".join(failures))
-    operator.stop()
+    return not failures and operator.process.poll() is None and not pods.errors and not observer.overlaps
 
 
 if __name__ == "__main__":

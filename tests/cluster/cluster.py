@@ -287,7 +287,7 @@ class Cluster:
         finally:
             self.processes[name] = spawn(self.commands[name], self.directory / f"{name}.log")
             self._write_pids()
-            self._wait_ready(timeout=60)
+            self._wait_ready(timeout=180)  # a minute was short once, with ten jobs starting on two cores
 
     def kubectl(self, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return _run([str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], check, **kw)
@@ -317,7 +317,10 @@ class Cluster:
             if self.kubectl("get", "--raw=/readyz", check=False).returncode == 0:
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"kube-apiserver not ready after {timeout} s; see {self.directory}/kube-apiserver.log")
+        checks = self.kubectl("get", "--raw=/readyz?verbose", check=False)
+        failing = [line for line in (checks.stdout + checks.stderr).splitlines() if not line.startswith("[+]")]
+        raise TimeoutError(f"kube-apiserver not ready after {timeout} s ({'; '.join(failing)}); see "
+                           f"{self.directory}/kube-apiserver.log")  # fmt: skip
 
     def add_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi", losable: bool = False) -> None:
         """A fake node; `losable`: with a KWOK of its own, which `lose_node` stops."""

@@ -1,12 +1,15 @@
 """What a managed control plane does to a running job on every upgrade: its API server restarted, its
-etcd restarted; and the operator cut off from the API server (a proxy between them drops its
-connections). Real training through the pod runner; the test control plane stops the component
-(SIGTERM) and starts it again with the same flags, etcd keeping its data."""
+etcd restarted; the operator cut off from the API server (a proxy between them drops its
+connections); a restarted API server answering 403 while its RBAC caches fill. Real training through the
+pod runner; the test control plane stops the component (SIGTERM) and starts it again with the same
+flags, etcd keeping its data."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+from collections.abc import Iterator
 
 import pytest
 import urllib3
@@ -15,7 +18,17 @@ from kubernetes import client, watch
 from largebatch import api, schedule
 from tests.cluster.pod_runner import PodRunner
 from tests.cluster.proxy import Proxy
-from tests.e2e.jobs import apply, contiguous, growing_job, history, shared_claim, status_of, wait_or_explain
+from tests.e2e.jobs import (
+    RELEASE,
+    apply,
+    contiguous,
+    growing_job,
+    history,
+    job_document,
+    shared_claim,
+    status_of,
+    wait_or_explain,
+)
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
@@ -54,8 +67,8 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, ope
             # Training needs no API server: the checkpoint (on the host) shows the batch grown without it.
             wait_for(lambda: any(batch == 32 for _, _, batch, *_ in history(tmp_path)), timeout=300,
                      what="the trainer to grow its batch while the API server is away")  # fmt: skip
-            # Away for longer than kopf's default retries of one request (9 tries over 54 s), after which it
-            # gives the request up: an upgrade's restart can take that long.
+            # Away for longer than kopf's default retries of one request (9 tries over 54 s), after which kopf
+            # gives the request up unless told otherwise (kube/watchdog.py): an upgrade's restart takes that long.
             wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
                      what="the operator to have tried one request nine times")  # fmt: skip
         assert pods.unavailable, "the pod runner never saw the API server away"
@@ -96,8 +109,6 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
     every pod created)."""
     shared_claim(crd, namespace, "checkpoints")
     document, grows = ramp_job("cut")
-    proxy = Proxy(crd.server)
-    operator = OperatorProcess.start(proxy.kubeconfig(operator_kubeconfig), namespace, tmp_path / "operator.log")
     core = client.CoreV1Api(crd.api)
     created: list[str] = []  # every pod the watch saw created, in order
     done = threading.Event()
@@ -117,29 +128,106 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
 
     watcher = threading.Thread(target=watch_pods, daemon=True)
     watcher.start()
-    try:
-        with PodRunner(crd, namespace, tmp_path / "pods") as pods:
-            assert apply(crd, document, namespace).returncode == 0
-            explain = dict(cluster=crd, namespace=namespace, name="cut", pods=pods, log_path=operator.log)
-            samples = lambda: status_of(crd, namespace, "cut").get("progress", {}).get("samples", 0)  # noqa: E731
-            wait_or_explain(lambda: samples() >= grows - 16 * 600, "the job close to its batch growing", **explain)
-            services = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items}
-            with proxy.cut_off():
-                wait_for(lambda: any(batch == 32 for _, _, batch, *_ in history(tmp_path)), timeout=300,
-                         what="the trainer to grow its batch while the operator is cut off")  # fmt: skip
-                wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
-                         what="the operator to have tried one request nine times")  # fmt: skip
-            assert proxy.refused > 0, "the operator never tried to reconnect"
-            wait_or_explain(lambda: status_of(crd, namespace, "cut").get("plan", {}).get("worldSize") == 2,
-                            "the operator to add the worker the growth needs", **explain)  # fmt: skip
-            wait_or_explain(lambda: status_of(crd, namespace, "cut").get("phase") == "Succeeded",
-                            "the job to succeed", **explain)  # fmt: skip
-            assert operator.process.poll() is None and pods.errors == []
-        assert {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items} == services
-    finally:
-        done.set()
-        watcher.join(timeout=30)
-        operator.stop()
-        proxy.close()
+    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log") as (operator, proxy):
+        try:
+            with PodRunner(crd, namespace, tmp_path / "pods") as pods:
+                assert apply(crd, document, namespace).returncode == 0
+                explain = dict(cluster=crd, namespace=namespace, name="cut", pods=pods, log_path=operator.log)
+                samples = lambda: status_of(crd, namespace, "cut").get("progress", {}).get("samples", 0)  # noqa: E731
+                wait_or_explain(lambda: samples() >= grows - 16 * 600, "the job close to its batch growing", **explain)
+                services = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items}
+                with proxy.cut_off():
+                    wait_for(lambda: any(batch == 32 for _, _, batch, *_ in history(tmp_path)), timeout=300,
+                             what="the trainer to grow its batch while the operator is cut off")  # fmt: skip
+                    wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
+                             what="the operator to have tried one request nine times")  # fmt: skip
+                assert proxy.refused > 0, "the operator never tried to reconnect"
+                wait_or_explain(lambda: status_of(crd, namespace, "cut").get("plan", {}).get("worldSize") == 2,
+                                "the operator to add the worker the growth needs", **explain)  # fmt: skip
+                wait_or_explain(lambda: status_of(crd, namespace, "cut").get("phase") == "Succeeded",
+                                "the job to succeed", **explain)  # fmt: skip
+                assert operator.process.poll() is None and pods.errors == []
+            assert {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items} == services
+        finally:
+            done.set()
+            watcher.join(timeout=30)
     assert sorted(created) == ["cut-rdzv", "cut-worker-0", "cut-worker-1"], created  # each once
     assert contiguous(history(tmp_path), TOTAL)
+
+
+@contextlib.contextmanager
+def through_proxy(cluster, kubeconfig, namespace: str, log, **env: str) -> Iterator[tuple[OperatorProcess, Proxy]]:
+    """The operator reaching the API server through a Proxy of its own, to be cut off."""
+    proxy = Proxy(cluster.server)
+    operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), namespace, log, **env)
+    try:
+        yield operator, proxy
+    finally:
+        operator.stop()
+        proxy.close()
+
+
+@contextlib.contextmanager
+def forbidden(cluster) -> Iterator[None]:
+    """The operator's ClusterRoleBinding removed for the block, then created again: each request of the
+    operator's is answered 403, as a restarted API server does while its RBAC caches are empty."""
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    name = f"{RELEASE}-operator"  # the chart's, as its ServiceAccount's
+    binding = rbac.read_cluster_role_binding(name)
+    rbac.delete_cluster_role_binding(name)
+    try:
+        yield
+    finally:
+        binding.metadata = client.V1ObjectMeta(name=binding.metadata.name, labels=binding.metadata.labels)
+        rbac.create_cluster_role_binding(binding)
+
+
+def pod_uid(core, namespace: str, name: str) -> str | None:
+    pods = core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items
+    return pods[0].metadata.uid if pods else None
+
+
+def test_403s_for_longer_than_kopf_retries_by_default_stop_no_watch(crd, namespace, operator_kubeconfig, tmp_path):
+    """The soak's finding: a restarted API server answered the operator's watches 403 after refused
+    connections had used up most of kopf's default tries (9 over 54 s), and kopf stopped watching for good
+    while the process lived on. Here its watches are refused 403 for longer than those 9 tries; once the
+    server allows them again the operator watches on: it replaces a worker deleted after, and starts a
+    job applied after."""
+    core = client.CoreV1Api(crd.api)
+    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log") as (operator, proxy):
+        assert apply(crd, job_document("before", None), namespace).returncode == 0
+        first = wait_for(lambda: pod_uid(core, namespace, "before-worker-0"), what="the job's worker created")
+        with forbidden(crd):
+            proxy.cut()  # its watches ask again, into the 403s
+            proxy.restore()
+            pattern = re.compile(r"Request attempt #9\b[^\n]*/pods\b[^\n]*APIForbiddenError")
+            wait_for(lambda: pattern.search(operator.log.read_text()), timeout=180,
+                     what="the last of kopf's default tries of the pods watch refused")  # fmt: skip
+        core.delete_namespaced_pod("before-worker-0", namespace)
+        wait_for(lambda: pod_uid(core, namespace, "before-worker-0") not in (None, first), timeout=120,
+                 what="the worker deleted after the 403s replaced: the pods watch lives")  # fmt: skip
+        assert apply(crd, job_document("after", None), namespace).returncode == 0
+        wait_for(lambda: pod_uid(core, namespace, "after-worker-0"), timeout=120,
+                 what="a job applied after the 403s started: the jobs watch lives")  # fmt: skip
+        assert operator.process.poll() is None, operator.tail()
+        assert "Stopping the operator" not in operator.log.read_text(), operator.tail()
+
+
+def test_an_operator_refused_for_longer_than_it_retries_exits_to_be_restarted(
+    crd, namespace, operator_kubeconfig, tmp_path
+):
+    """Refused for longer than its tries last (LARGEBATCH_API_RETRY_SECONDS, 3 s here), a watch of kopf's
+    ends for good: the operator exits with status 1, naming it, so that its Deployment starts it again
+    rather than leaving it running blind."""
+    core = client.CoreV1Api(crd.api)
+    log = tmp_path / "operator.log"
+    with through_proxy(crd, operator_kubeconfig, namespace, log, LARGEBATCH_API_RETRY_SECONDS="3") as (operator, proxy):
+        assert apply(crd, job_document("refused", None), namespace).returncode == 0
+        wait_for(lambda: pod_uid(core, namespace, "refused-worker-0"), what="the operator watching, its job started")
+        with forbidden(crd):
+            proxy.cut()
+            proxy.restore()
+            assert operator.process.wait(timeout=120) == 1, operator.tail()
+    assert re.search(r"Stopping the operator: kopf's watcher for \S+ failed: APIForbiddenError", log.read_text()), (
+        log.read_text()[-3000:]
+    )

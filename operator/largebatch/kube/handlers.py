@@ -16,7 +16,7 @@ import time
 import kopf
 
 from largebatch import api, timestamps
-from largebatch.kube import metrics, world
+from largebatch.kube import metrics, watchdog, world
 from largebatch.kube.manifests import JOB_LABEL
 from largebatch.kube.reconcile import Apis, Settings, reconcile
 
@@ -30,15 +30,18 @@ METRICS_PORT = int(os.environ.get("LARGEBATCH_OPERATOR_METRICS_PORT", "9300"))
 
 METRICS = metrics.OperatorMetrics()
 NODES = world.NodeOffers()
+WATCHDOG = watchdog.Watchdog()
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_) -> None:
+async def configure(settings: kopf.OperatorSettings, **_) -> None:
     # The CRD's structural status schema prunes what it does not declare: kopf keeps its own state in
     # annotations, and handlers return nothing.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
     settings.posting.level = logging.INFO
+    settings.networking.error_backoffs = watchdog.backoffs(watchdog.RETRY_SECONDS)
+    WATCHDOG.start()
     if METRICS_PORT:
         metrics.serve(METRICS, METRICS_PORT)
 

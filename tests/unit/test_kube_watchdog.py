@@ -1,0 +1,61 @@
+"""The operator's retries of the API server and its watchdog over kopf's watchers (largebatch.kube.watchdog),
+on real asyncio tasks named as kopf names them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from largebatch.kube import watchdog
+
+
+@given(st.floats(min_value=0.5, max_value=7200))
+def test_the_tries_last_as_long_as_asked_kopfs_first_then_30_s_at_a_time(total):
+    waits = watchdog.backoffs(total)
+    assert abs(sum(waits) - total) < 1e-6
+    assert all(0 < wait <= watchdog.LONGEST_BACKOFF for wait in waits)
+    full = waits[:-1]  # the last one is cut short to land on `total`
+    assert full == [*watchdog.KOPF_BACKOFFS, *[watchdog.LONGEST_BACKOFF] * len(full)][: len(full)]
+
+
+def test_ten_minutes_by_default_outlasting_kopfs_54_s():
+    assert sum(watchdog.backoffs(watchdog.RETRY_SECONDS)) == 600 > sum(watchdog.KOPF_BACKOFFS) == 54
+
+
+async def _watched(failing: bool) -> watchdog.Watchdog:
+    """Two tasks named as kopf names its watchers, seen by a watchdog; then the second fails (or not) and
+    both are cancelled, as kopf cancels its watchers when it stops."""
+    dog = watchdog.Watchdog()
+    fail = asyncio.Event()
+
+    async def watch(name: str) -> None:
+        await fail.wait()
+        raise RuntimeError(f"403 Forbidden for {name}")
+
+    tasks = [asyncio.create_task(watch(name), name=f"watcher for {name}") for name in ("jobs", "pods")]
+    await asyncio.sleep(0)  # both started
+    dog.scan()
+    if failing:
+        tasks[0].cancel()
+        fail.set()
+    else:
+        for task in tasks:
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0)  # the done callbacks run
+    return dog
+
+
+def test_a_watcher_that_fails_stops_the_operator_and_says_which():
+    dog = asyncio.run(_watched(failing=True))
+    assert dog.deadline.is_alive()  # the process's exit, should kopf not stop in time
+    dog.deadline.cancel()
+    assert dog.stop.is_set()
+    assert dog.failure == "watcher for pods failed: RuntimeError('403 Forbidden for pods')"
+
+
+def test_watchers_that_kopf_cancels_stop_nothing():
+    dog = asyncio.run(_watched(failing=False))
+    assert not dog.stop.is_set() and dog.failure is None and dog.deadline is None
