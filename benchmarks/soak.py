@@ -49,7 +49,7 @@ from tests.cluster.cluster import Cluster, tools  # noqa: E402
 from tests.cluster.pod_runner import PodRunner  # noqa: E402
 from tests.cluster.proxy import Proxy  # noqa: E402
 from tests.e2e.jobs import CHART, KWOK_TOLERATION, OPERATOR_NAMESPACE, RELEASE, job_document, shared_claim  # noqa: E402
-from tests.e2e.operator_process import OperatorProcess  # noqa: E402
+from tests.e2e.operator_process import through_proxy  # noqa: E402
 
 NAMESPACE = "soak"
 KINDS = ("apiserver", "etcd", "cut", "worker", "rendezvous", "node")
@@ -224,7 +224,6 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="soak-"))
     print(f"logs (kept unless the soak passes): {folder}", flush=True)
     cluster = Cluster(folder / "cluster", tools())
-    operator = proxy = None
     try:
         cluster.start(gpu_nodes=0, cpu_nodes=1)
         cluster.api = config.new_client_from_config(str(cluster.kubeconfig))
@@ -233,9 +232,8 @@ def main() -> None:
         cluster.kubectl("create", "namespace", NAMESPACE)
         helpers.wait_for(lambda: "default" in cluster.kubectl("get", "sa", "-n", NAMESPACE).stdout)
         kubeconfig = cluster.kubeconfig_for(f"{RELEASE}-operator", OPERATOR_NAMESPACE, folder)
-        proxy = Proxy(cluster.server)
-        operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), NAMESPACE, folder / "operator.log")
-        with PodRunner(cluster, NAMESPACE, folder / "pods") as pods:
+        operating = through_proxy(cluster, kubeconfig, NAMESPACE, folder / "operator.log")
+        with operating as (operator, proxy), PodRunner(cluster, NAMESPACE, folder / "pods") as pods:
             faults = Faults(cluster, pods, proxy, names, rng)
             for _ in range(-(-2 * args.jobs // GPUS_PER_NODE) + 1):  # room for every job at two workers
                 faults.add_node()
@@ -252,10 +250,6 @@ def main() -> None:
             observer.stop()
             passed = report(observer, thrown, names, folder, operator, pods)
     finally:
-        if operator:
-            operator.stop()
-        if proxy:
-            proxy.close()
         cluster.stop()
     if not passed:
         sys.exit(f"the soak failed: its logs are in {folder}")

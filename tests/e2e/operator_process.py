@@ -4,14 +4,17 @@ ServiceAccount credentials, watching one namespace, fast timings, and its metric
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.operator_venv import clean_env, operator_python
+from tests.cluster.proxy import Proxy
 from tests.helpers import free_port
 
 FAST = {
@@ -64,3 +67,17 @@ class OperatorProcess:
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
+
+
+@contextlib.contextmanager
+def through_proxy(cluster, kubeconfig, namespace: str, log, **env: str) -> Iterator[tuple[OperatorProcess, Proxy]]:
+    """The operator reaching the API server through a Proxy of its own, to be cut off; both stopped at the end."""
+    proxy = Proxy(cluster.server)
+    try:
+        operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), namespace, log, **env)
+        try:
+            yield operator, proxy
+        finally:
+            operator.stop()
+    finally:
+        proxy.close()

@@ -17,7 +17,6 @@ from kubernetes import client, watch
 
 from largebatch import api, schedule
 from tests.cluster.pod_runner import PodRunner
-from tests.cluster.proxy import Proxy
 from tests.e2e.jobs import (
     RELEASE,
     apply,
@@ -29,7 +28,7 @@ from tests.e2e.jobs import (
     status_of,
     wait_or_explain,
 )
-from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.operator_process import through_proxy
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -153,18 +152,6 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
             watcher.join(timeout=30)
     assert sorted(created) == ["cut-rdzv", "cut-worker-0", "cut-worker-1"], created  # each once
     assert contiguous(history(tmp_path), TOTAL)
-
-
-@contextlib.contextmanager
-def through_proxy(cluster, kubeconfig, namespace: str, log, **env: str) -> Iterator[tuple[OperatorProcess, Proxy]]:
-    """The operator reaching the API server through a Proxy of its own, to be cut off."""
-    proxy = Proxy(cluster.server)
-    operator = OperatorProcess.start(proxy.kubeconfig(kubeconfig), namespace, log, **env)
-    try:
-        yield operator, proxy
-    finally:
-        operator.stop()
-        proxy.close()
 
 
 @contextlib.contextmanager

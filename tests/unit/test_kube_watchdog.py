@@ -4,9 +4,11 @@ on real asyncio tasks named as kopf names them."""
 from __future__ import annotations
 
 import asyncio
+import signal
 
 from hypothesis import given
 from hypothesis import strategies as st
+from kopf._core.reactor import running
 
 from largebatch.kube import watchdog
 
@@ -59,3 +61,28 @@ def test_a_watcher_that_fails_stops_the_operator_and_says_which():
 def test_watchers_that_kopf_cancels_stop_nothing():
     dog = asyncio.run(_watched(failing=False))
     assert not dog.stop.is_set() and dog.failure is None and dog.deadline is None
+
+
+async def _left_at_exit(close: bool) -> set[str]:
+    """kopf's own stop-flag checker stopped by SIGTERM, then the cleanup handler (or not): the tasks still
+    running, which kopf waits 5 s for at its exit before it cancels them."""
+    dog = watchdog.Watchdog()
+    dog.start()
+    signalled = asyncio.get_running_loop().create_future()
+    checker = asyncio.create_task(running.stop_flag_checker(signal_flag=signalled, stop_flag=dog.stop))
+    await asyncio.sleep(0)
+    signalled.set_result(signal.SIGTERM)
+    await checker
+    if close:
+        dog.close()
+    for _ in range(3):  # the cancelled and woken tasks run to their end
+        await asyncio.sleep(0)
+    left = {task.get_name() for task in asyncio.all_tasks() if task is not asyncio.current_task()}
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        task.cancel()
+    return left
+
+
+def test_closed_at_exit_the_watchdog_leaves_kopf_no_task_to_wait_for():
+    assert asyncio.run(_left_at_exit(close=False))  # kopf's "stop-flag waiter" (kopf 1.45), and ours
+    assert asyncio.run(_left_at_exit(close=True)) == set()

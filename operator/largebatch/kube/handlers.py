@@ -46,6 +46,11 @@ async def configure(settings: kopf.OperatorSettings, **_) -> None:
         metrics.serve(METRICS, METRICS_PORT)
 
 
+@kopf.on.cleanup()
+async def close(**_) -> None:
+    WATCHDOG.close()  # kopf waits 5 s for tasks still running at its exit, then cancels them
+
+
 @functools.cache
 def _apis() -> Apis:
     """One client for every reconcile (its connection pool kept): kopf's login has configured it."""

@@ -59,6 +59,13 @@ class Watchdog:
         """In the operator's event loop (a startup handler): it keeps the task, which asyncio does not."""
         self._task = asyncio.create_task(self.run(), name="largebatch watchdog")
 
+    def close(self) -> None:
+        """At the operator's exit (a cleanup handler). Sets `stop` too: kopf waits for it in a task of
+        its own that it leaves running when a signal stops it, and then waits 5 s for that task at exit."""
+        self.stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
     async def run(self, interval: float = 1.0) -> None:
         """Finds kopf's guarded tasks as it starts them: at startup, and as watched namespaces appear."""
         while not self.stop.is_set():
