@@ -91,3 +91,48 @@ def test_mup_scales_survive_an_optimizer_checkpoint():
 def test_what_does_not_make_a_model_is_refused_with_the_argument(args, said):
     with pytest.raises(SystemExit, match=said.replace("(", r"\(").replace(")", r"\)")):
         load_task("largebatch_trainer.tasks:pylm", {"width": 32, "depth": 1, "heads": 2, "context": 8} | args, seed=0)
+
+
+# --- μTransfer: the best LR stays put under μP and falls under the standard parametrization -------------
+
+GRID = [0.001 * 3**k for k in range(6)]  # 0.001 to 0.243, ×3 a step
+"""A coarse grid over the short run's whole useful range: its best LR is the edge of stable training,
+which is what μP holds in place across widths."""
+
+
+def trained_loss(parametrization: str, width: int, lr: float, steps: int = 40) -> float:
+    """Mean training loss over the last 10 of `steps` AdamW steps (warmup 5), a tiny pylm, base width 16."""
+    torch.manual_seed(0)
+    task = pylm(width=width, depth=1, heads=2, context=16, parametrization=parametrization, baseWidth=16)
+    optimizer = optim.build(OptimizerSpec(name="adamw", lr=lr), task.model)
+    samples = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(steps):
+        optim.set_lr(optimizer, lr * min(1.0, (step + 1) / 5))
+        batch = torch.stack([task.dataset[int(i)] for i in torch.randint(len(task.dataset), (16,), generator=samples)])
+        loss, count = task.loss(task.model, batch)
+        (loss / count).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item() / count)
+    mean = sum(losses[-10:]) / 10
+    return mean if math.isfinite(mean) else math.inf
+
+
+def best_grid_step(parametrization: str, width: int) -> int:
+    losses = [trained_loss(parametrization, width, lr) for lr in GRID]
+    return losses.index(min(losses))
+
+
+def test_the_best_lr_moves_with_width_under_standard_and_stays_under_mup():
+    """8× the width. Measured on seeds 0-3 (benchmarks/README.md, μTransfer): μP's best LR stays on its grid
+    step on each; the standard parametrization's falls one or two steps. The test runs seed 0."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same sums on any machine, and no time lost to thread handoffs
+    try:
+        standard = best_grid_step("standard", 128) - best_grid_step("standard", 16)
+        mup = best_grid_step("mup", 128) - best_grid_step("mup", 16)
+    finally:
+        torch.set_num_threads(threads)
+    assert mup == 0, f"μP's best LR moved {mup:+d} grid steps (×3 each) from width 16 to 128"
+    assert standard <= -1, f"the standard parametrization's best LR moved {standard:+d} grid steps, expected down"
