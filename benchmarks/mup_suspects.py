@@ -15,7 +15,9 @@ held-out windows. Variants (joined with +):
 - `zerobias`: every bias starts at zero (nn.Linear draws them uniformly in ±1/√fan-in);
 - `spattn`: the standard 1/√d_head attention scale instead of μP's 1/d_head;
 - `qzero`: the query's weights and bias start at zero (TP5's suggestion: uniform attention at the start);
-- `eps1e-12`: Adam's ε at 1e-12 instead of 1e-8 (the hidden layers' gradients shrink with width).
+- `eps1e-12`: Adam's ε at 1e-12 instead of 1e-8 (the hidden layers' gradients shrink with width);
+- `readout`: the readout drawn as the standard model draws it (std 0.02; μP's output multiplier still
+  divides it by width / base width) instead of starting at zero.
 Every finished run is kept in `--keep`/runs.jsonl and read back on the next call with the same folder.
 """
 
@@ -38,7 +40,7 @@ from largebatch_trainer import optim
 from largebatch_trainer.tasks import pylm
 
 BASE_WIDTH, DEPTH, HEADS, CONTEXT, BATCH, EVAL_WINDOWS = 32, 2, 4, 64, 32, 1024
-VARIANTS = {"zerobias", "spattn", "qzero", "eps1e-12"}
+VARIANTS = {"zerobias", "spattn", "qzero", "eps1e-12", "readout"}
 KEY = ("parametrization", "variant", "lr")  # a row of the table
 
 
@@ -53,6 +55,8 @@ def held_out_loss(parametrization: str, width: int, lr: float, steps: int, seed:
         for name, p in model.named_parameters():
             if "zerobias" in switched and name.endswith("bias"):
                 p.zero_()
+            if "readout" in switched and name == "head.weight":
+                p.normal_(std=0.02)
         for block in model.blocks:
             if "spattn" in switched:
                 block.attention_scale = None
