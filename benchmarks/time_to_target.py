@@ -1,8 +1,9 @@
 """Time to target: the batch policies on `pylm` with the same data budget, three seeds each, judged by
 held-out loss, side by side in one run.
 
-    .venv/bin/python benchmarks/time_to_target.py [--quick] [--seeds 3] [--samples 40000]
-        [--policies constant seesaw ...] [--scaling linear] [--multiplier M] [--out benchmarks] [--keep DIR]
+    .venv/bin/python benchmarks/time_to_target.py [--quick] [--seeds 3] [--first-seed 0] [--samples 40000]
+        [--policies constant seesaw ...] [--scaling linear] [--moments perSample] [--multiplier M]
+        [--width 64 --depth 2] [--optimizer adamw --lr 3e-3 --weight-decay 0.1] [--out benchmarks] [--keep DIR]
 
 Every run is `lbctl run --local` on one node with the batch growing at most 16x (16 -> 256), the
 initial batch in one micro-batch, AdamW with the linear LR rule (`--scaling`), and cosine decay to 1% (so
@@ -70,8 +71,15 @@ POLICIES = {
 }
 
 
-def job_for(name: str, seed: int, samples: int, scaling: str, multiplier: float | None) -> dict:
+def job_for(
+    name: str, seed: int, samples: int, scaling: str, multiplier: float | None, config: dict | None = None
+) -> dict:
+    """The job of policy `name`; `config` overrides the task's args and the optimizer's fields (a held-out
+    configuration: another model size, SGD)."""
     job = copy.deepcopy(BASE)
+    config = config or {}
+    job["spec"]["task"]["args"] |= config.get("args", {})
+    job["spec"]["optimizer"] |= config.get("optimizer", {})
     job["metadata"]["name"] = f"ttt-{name.lower()}-{seed}"
     policy = copy.deepcopy(POLICIES[name])
     if policy["type"] == "linearRamp":
@@ -97,6 +105,8 @@ def run(job: dict, workdir: Path, slots: int = 1) -> dict:
     run_dir = workdir / name
     command = [sys.executable, "-m", "largebatch", "run", str(path), "--local", "--run-dir", str(run_dir)]
     command += ["--metrics-port", "0", "--slots", str(slots)]
+    if (run_dir / "run.json").exists():  # kept from an earlier, interrupted benchmark
+        return json.loads((run_dir / "run.json").read_text())
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
@@ -202,6 +212,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="12,000 samples and two seeds (about 4 minutes)")
     parser.add_argument("--samples", type=int, default=40_000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
+    parser.add_argument("--width", type=int, help="pylm's width (default 64); with --depth, a held-out size")
+    parser.add_argument("--depth", type=int, help="pylm's depth (default 2)")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    parser.add_argument("--lr", type=float, help="peak LR at batch 16 (default 3e-3 for adamw)")
+    parser.add_argument("--weight-decay", type=float, help="optimizer.weightDecay (default 0.1: AdamW's)")
+    parser.add_argument("--moments", choices=["perSample", "perStep"], help="optimizer.moments (default: the API's)")
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     parser.add_argument(
         "--scaling", choices=["linear", "sqrt", "none"], default="linear", help="the LR rule of every job"
@@ -213,8 +230,17 @@ def main() -> None:
     args = parser.parse_args()
     samples, seeds = (12_000, 2) if args.quick else (args.samples, args.seeds)
     names = ["constant"] + [n for n in args.policies if n != "constant"]
+    config = {
+        "args": {k: v for k, v in (("width", args.width), ("depth", args.depth)) if v is not None},
+        "optimizer": {"name": args.optimizer}
+        | ({"lr": args.lr} if args.lr else {})
+        | ({"weightDecay": args.weight_decay} if args.weight_decay is not None else {})
+        | ({"moments": args.moments} if args.moments else {}),
+    }
+    seed_range = range(args.first_seed, args.first_seed + seeds)
     jobs = {
-        name: [job_for(name, seed, samples, args.scaling, args.multiplier) for seed in range(seeds)] for name in names
+        name: [job_for(name, seed, samples, args.scaling, args.multiplier, config) for seed in seed_range]
+        for name in names
     }
     records: dict[str, list[dict]] = {name: [] for name in names}
     if args.again:
@@ -227,15 +253,16 @@ def main() -> None:
             workdir = args.keep or Path(tmp)
             workdir.mkdir(parents=True, exist_ok=True)
             # Seeds outermost: a policy's runs spread over the whole benchmark, not one stretch of load.
-            for seed in range(seeds):
+            for i in range(seeds):
                 for name in names:
-                    records[name].append(run(jobs[name][seed], workdir))
+                    records[name].append(run(jobs[name][i], workdir))
     lines, target = table(records, jobs)
-    args_text = BASE["spec"]["task"]["args"]
+    args_text = BASE["spec"]["task"]["args"] | config["args"]
     multiplier = "" if args.multiplier is None else f", multiplier {args.multiplier}"
+    optimizer = BASE["spec"]["optimizer"] | config["optimizer"]
     title = (
-        f"pylm {args_text}, {samples:,} samples, batch 16 -> 256, {args.scaling} LR rule{multiplier}, "
-        f"{seeds} seeds; target {target:.4f} (constant's final mean held-out loss)"
+        f"pylm {args_text}, {optimizer}, {samples:,} samples, batch 16 -> 256, {args.scaling} LR rule{multiplier}, "
+        f"seeds {seed_range.start}-{seed_range.stop - 1}; target {target:.4f} (constant's final mean held-out loss)"
     )
     print(title + "\n")
     print("\n".join(lines))

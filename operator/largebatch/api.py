@@ -200,7 +200,9 @@ class WorkersSpec(_Model):
 # --- batch ----------------------------------------------------------------------------------------
 
 # Defaults chosen with benchmarks/time_to_target.py (benchmarks/README.md).
-CRITICAL_MULTIPLIER_DEFAULT = 1.0
+# criticalBatch.multiplier by optimizer.scaling: under the square-root rule a batch grown to the noise scale
+# lost held-out loss, and half of it held (`none` grows the LR even less, so it gets sqrt's, unmeasured).
+CRITICAL_MULTIPLIER_DEFAULT = {"linear": 1.0, "sqrt": 0.5, "none": 0.5}
 CRITICAL_SMOOTHING_DEFAULT = 0.95
 CRITICAL_MIN_STEPS_DEFAULT = 300
 CAP_AT_CRITICAL_BATCH_DEFAULT = True
@@ -217,11 +219,11 @@ class SeesawSpec(_Model):
     """Batch growth per cut (beta); defaults to `factor`. Must not exceed `factor` (stability needs
     LR factor sqrt(alpha) >= sqrt(beta))."""
     cap_at_critical_batch: bool = CAP_AT_CRITICAL_BATCH_DEFAULT
-    """Grow the batch at a cut only while it stays at or below the critical batch (`criticalBatch.multiplier`
-    x the measured gradient noise scale, with `criticalBatch.estimator`); a cut that would pass it cuts
-    the LR by the full `factor`, as the base schedule would. Seesaw's equivalence with the decay holds
-    only below the critical batch. Until the noise scale is measured (and at batch 1, where it cannot
-    be), cuts grow the batch."""
+    """Grow the batch at a cut only while it stays at or below the critical batch (`criticalBatch.multiplier`,
+    or its default for the LR rule, x the measured gradient noise scale, with `criticalBatch.estimator`); a
+    cut that would pass it cuts the LR by the full `factor`, as the base schedule would. Seesaw's
+    equivalence with the decay holds only below the critical batch. Until the noise scale is measured
+    (and at batch 1, where it cannot be), cuts grow the batch."""
 
     rules = (
         Rule(
@@ -254,8 +256,10 @@ class CriticalBatchSpec(_Model):
     measured gradient noise scale (McCandlish et al. 2018) allows it, never down. Also the critical
     batch that `seesaw.capAtCriticalBatch` holds Seesaw to."""
 
-    multiplier: float = Field(default=CRITICAL_MULTIPLIER_DEFAULT, gt=0.0, le=100.0)
-    """Target batch as a multiple of the smoothed gradient noise scale."""
+    multiplier: float | None = Field(default=None, gt=0.0, le=100.0)
+    """Target batch as a multiple of the smoothed gradient noise scale. Default: 1 under the linear LR rule,
+    0.5 under `sqrt` and `none`, where the LR grows less than the batch and a batch grown to the noise
+    scale itself lost held-out loss (benchmarks/README.md)."""
     growth_factor: float = Field(default=2.0, gt=1.0, le=16.0)
     """The batch is `batch.initial` times a power of this factor and grows one power at a time."""
     smoothing: float = Field(default=CRITICAL_SMOOTHING_DEFAULT, ge=0.0, lt=1.0)
@@ -450,6 +454,12 @@ class OptimizerSpec(_Model):
     """Moment coefficients (beta1, beta2) of `adamw` and `lamb`."""
     eps: float = Field(default=1e-8, gt=0.0, le=1.0)
     """Denominator epsilon of `adamw` and `lamb`."""
+    moments: Literal["perSample", "perStep"] = "perSample"
+    """How `betas` and `eps` of `adamw` and `lamb` follow the batch. `perSample`: they were tuned at
+    `baseBatch`, and at k = B/baseBatch times that batch each beta becomes beta**k and eps becomes eps/sqrt(k),
+    so that the moments average over the same number of samples and eps keeps its size beside the
+    averaged gradient (the square-root rule's stochastic-differential-equation form, Malladi et al. 2022).
+    `perStep`: they stay as given, each moment averaging over a fixed number of steps."""
 
 
 class ScheduleSpec(_Model):
@@ -613,6 +623,12 @@ class LargeBatchJobSpec(_Model):
     @property
     def base_batch(self) -> int:
         return self.optimizer.base_batch or self.batch.initial
+
+    @property
+    def critical_multiplier(self) -> float:
+        """`criticalBatch.multiplier`, or its default for this job's LR rule."""
+        multiplier = self.batch.policy.critical_batch.multiplier
+        return CRITICAL_MULTIPLIER_DEFAULT[self.optimizer.scaling] if multiplier is None else multiplier
 
     @property
     def measures_noise_scale(self) -> bool:

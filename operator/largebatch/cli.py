@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from largebatch import controller, jobfile, plan_report, sweep, timestamps
+from largebatch import caveats, controller, jobfile, plan_report, sweep, timestamps
 from largebatch.api import LargeBatchJob
 
 app = typer.Typer(
@@ -57,9 +57,12 @@ def _check_folder(flag: str, path: Path) -> None:
 
 def _load(path: Path):
     try:
-        return jobfile.load(path)
+        manifest = jobfile.load(path)
     except jobfile.JobFileError as exc:
         raise _fail(exc) from None
+    for caveat in caveats.caveats(manifest.spec):
+        errors.print(f"[bold yellow]warning:[/] {escape(caveat.message)}", highlight=False, soft_wrap=True)
+    return manifest
 
 
 @app.command()

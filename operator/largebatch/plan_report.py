@@ -91,7 +91,7 @@ def assumed_noise_scales(spec: LargeBatchJobSpec, points: int = 4) -> list[Assum
     spread geometrically so that the batch they call for (multiplier x noise scale) runs from
     batch.initial to batch.max."""
     b0, b_max = spec.batch.initial, spec.batch.max
-    multiplier = spec.batch.policy.critical_batch.multiplier
+    multiplier = spec.critical_multiplier
     out = []
     for k in range(points):
         noise_scale = b0 * (b_max / b0) ** (k / (points - 1)) / multiplier

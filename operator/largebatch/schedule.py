@@ -1,7 +1,9 @@
 """The schedule core: the global batch and learning rate of every optimizer step. Pure: no I/O, no torch.
 
-- `plan(spec, progress)`: batch and LR of the next step, from the samples consumed so far (and, where the
-  policy reads them, the smoothed gradient noise scale and the previous batch in `progress`).
+- `plan(spec, progress)`: batch, LR and Adam coefficients of the next step, from the samples consumed so
+  far (and, where the policy reads them, the smoothed gradient noise scale and the previous batch in
+  `progress`).
+- `moments(spec, batch)`: Adam's (beta1, beta2) and eps at a global batch.
 - `advance(progress, plan)`: the progress after that step.
 - `split(global_batch, world_size, max_micro_batch, bn_batch)`: per-rank micro-batches and accumulation
   steps (with `bn_batch`, micro-batches of exactly that many samples, the same at every world size).
@@ -49,7 +51,11 @@ class Plan:
     phase: str
     """Phase of the batch policy, for people (warmup, cut 2/6, ramp 3/8, ...)."""
     policy_batch: int
-    """The batch the policy asks for; the LR rule and the policy state use this one."""
+    """The batch the policy asks for; the LR rule, the moments and the policy state use this one."""
+    betas: tuple[float, float]
+    """Adam's moment coefficients for this step (`moments`)."""
+    eps: float
+    """Adam's denominator epsilon for this step (`moments`)."""
 
 
 def plan(spec: LargeBatchJobSpec, progress: Progress) -> Plan:
@@ -83,7 +89,15 @@ def plan(spec: LargeBatchJobSpec, progress: Progress) -> Plan:
         # Gradual warmup (Goyal et al.): the LR reaches its peak with the step that ends the warmup.
         lr *= min(1.0, (progress.samples + batch) / warmup)
         phase = "warmup"
-    return Plan(global_batch=min(batch, total - progress.samples), lr=lr, phase=phase, policy_batch=batch)
+    betas, eps = moments(spec, batch)
+    return Plan(
+        global_batch=min(batch, total - progress.samples),
+        lr=lr,
+        phase=phase,
+        policy_batch=batch,
+        betas=betas,
+        eps=eps,
+    )
 
 
 def advance(progress: Progress, step_plan: Plan) -> Progress:
@@ -116,6 +130,18 @@ def decay_multiplier(schedule: ScheduleSpec, samples: int) -> float:
     if schedule.decay == "linear":
         return 1.0 - (1.0 - r) * t
     return 1.0
+
+
+def moments(spec: LargeBatchJobSpec, batch: int) -> tuple[tuple[float, float], float]:
+    """Adam's (beta1, beta2) and eps at global batch `batch`. Per sample, k = batch/baseBatch steps take the
+    samples of k base steps, so each beta is raised to the k-th power (its moment forgets at the same
+    rate per sample) and eps divided by sqrt(k): the averaged gradient's noise, which sqrt(v) measures,
+    shrinks by sqrt(k) too. Per step, both stay as given."""
+    beta1, beta2 = spec.optimizer.betas
+    if spec.optimizer.moments == "perStep":
+        return (beta1, beta2), spec.optimizer.eps
+    k = batch / spec.base_batch
+    return (beta1**k, beta2**k), spec.optimizer.eps / math.sqrt(k)
 
 
 # --- seesaw ---------------------------------------------------------------------------------------
@@ -187,10 +213,11 @@ def _seesaw_batch(spec: LargeBatchJobSpec, progress: Progress, cuts: tuple[int, 
 
 
 def critical_batch(spec: LargeBatchJobSpec, noise_scale: float | None) -> float | None:
-    """`criticalBatch.multiplier` x the measured noise scale, or None before it is measured."""
+    """`criticalBatch.multiplier` (by default, the LR rule's) x the measured noise scale, or None before it is
+    measured."""
     if noise_scale is None:
         return None
-    return spec.batch.policy.critical_batch.multiplier * noise_scale
+    return spec.critical_multiplier * noise_scale
 
 
 def _seesaw_levels(spec: LargeBatchJobSpec, cuts: int) -> list[int]:

@@ -1,6 +1,7 @@
 """What goes wrong, on the real control plane: a worker that keeps failing fails the job with its own
 last words, and bad input the CRD cannot judge (a claim or pull secret that does not exist, a
-namespace quota) becomes a condition and an Event on the job while the operator keeps running."""
+namespace quota), or a setting measured to cost accuracy, becomes a condition and an Event on the job
+while the operator keeps running."""
 
 from __future__ import annotations
 
@@ -57,8 +58,13 @@ def test_a_worker_that_keeps_failing_fails_the_job_with_its_last_lines(crd, name
 
 
 def test_a_missing_claim_or_pull_secret_is_a_condition_and_an_event(crd, namespace, operator, tmp_path):
+    """So is a setting the benchmarks measured to cost accuracy (largebatch.caveats), without stopping the job:
+    the job without its claim also runs the critical-batch policy off the linear LR rule."""
     with PodRunner(crd, namespace, tmp_path / "pods"):
-        assert apply(crd, job_document("noclaim", "not-created-yet"), namespace).returncode == 0
+        noclaim = job_document("noclaim", "not-created-yet")
+        noclaim["spec"]["batch"]["policy"] = {"type": "criticalBatch"}
+        noclaim["spec"]["optimizer"]["scaling"] = "sqrt"
+        assert apply(crd, noclaim, namespace).returncode == 0
         document = job_document("nosecret", None)
         document["spec"]["workers"]["pod"]["imagePullSecrets"] = [{"name": "registry-login"}]
         assert apply(crd, document, namespace).returncode == 0
@@ -69,6 +75,11 @@ def test_a_missing_claim_or_pull_secret_is_a_condition_and_an_event(crd, namespa
         assert worker_pods(crd, namespace, "noclaim") == []  # no pods that could never start
         wait_for(lambda: ("Warning", "VolumeClaimNotFound", blocked["message"]) in events(crd, namespace, "noclaim"),
                  what="the VolumeClaimNotFound Event")  # fmt: skip
+        reason = "CriticalBatchOffLinearRule"
+        caveat = wait_for(lambda: condition(crd, namespace, "noclaim", reason), what="the caveat")
+        assert caveat["status"] == "True" and "optimizer.scaling sqrt" in caveat["message"]
+        wait_for(lambda: ("Warning", reason, caveat["message"]) in events(crd, namespace, "noclaim"),
+                 what="the caveat's Event")  # fmt: skip
 
         stuck = wait_for(lambda: condition(crd, namespace, "nosecret", "WorkersBlocked"), what="the pull refused")
         assert (stuck["status"], stuck["reason"]) == ("True", "ErrImagePull")

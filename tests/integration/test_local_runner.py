@@ -90,7 +90,7 @@ def test_under_critical_batch_the_controller_plans_the_batch_the_trainer_takes(t
         batch={
             "initial": 16, "max": 2048, "microBatchPerDevice": 8,
             "policy": {"type": "criticalBatch",
-                       "criticalBatch": {"smoothing": 0.9, "minStepsBetweenChanges": min_steps}},
+                       "criticalBatch": {"multiplier": 1.0, "smoothing": 0.9, "minStepsBetweenChanges": min_steps}},
         },
         # A fixed LR (no batch scaling) decaying to 1%: SGD's noise floor |w − w*|² shrinks with the LR and
         # with the batch, so the noise scale keeps growing and every change makes the policy want the next.

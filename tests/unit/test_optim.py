@@ -29,20 +29,52 @@ def tiny() -> Tiny:
     return model
 
 
-def paper_lamb(w, grads, lr, beta1, beta2, eps, wd, trust: bool):
-    """You et al. (2020), algorithm 2, with φ(z) = min(z, 10); `trust=False` is plain Adam with decay.
-    The trust ratio's denominator carries pytorch-optimizer's ε(1−β₂ᵗ)/(1−β₁ᵗ) (docs/trainer.md)."""
-    m, v = torch.zeros_like(w), torch.zeros_like(w)
-    w = w.clone()
-    for t, g in enumerate(grads, start=1):
+def corrected_moments(grads, coefficients):
+    """Each step's bias-corrected Adam moments m̂, v̂, its ε and both corrections, with that step's (β₁, β₂,
+    ε): the corrections are 1 − Πβ over the steps so far, which is 1 − βᵗ while the betas stay."""
+    m = v = 0.0
+    p1 = p2 = 1.0
+    for g, (beta1, beta2, eps) in zip(grads, coefficients, strict=True):
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g * g
-        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        p1, p2 = p1 * beta1, p2 * beta2
+        yield m / (1 - p1), v / (1 - p2), eps, 1 - p1, 1 - p2
+
+
+def paper_lamb(w, grads, lr, coefficients, wd, trust: bool):
+    """You et al. (2020), algorithm 2, with φ(z) = min(z, 10); `trust=False` is plain Adam with decay.
+    `coefficients` holds each step's (β₁, β₂, ε). The trust ratio's denominator carries
+    pytorch-optimizer's ε(1−β₂ᵗ)/(1−β₁ᵗ) (docs/trainer.md)."""
+    w = w.clone()
+    for m_hat, v_hat, eps, correction1, correction2 in corrected_moments(grads, coefficients):
         r = m_hat / (v_hat.sqrt() + eps) + wd * w
-        library_eps = eps * (1 - beta2**t) / (1 - beta1**t)
+        library_eps = eps * correction2 / correction1
         ratio = min(float(w.norm()), 10.0) / (float(r.norm()) + library_eps) if trust else 1.0
         w = w - lr * ratio * r
     return w
+
+
+def paper_adamw(w, grads, lr, coefficients, wd):
+    """Loshchilov and Hutter (2019), with each step's (β₁, β₂, ε)."""
+    w = w.clone()
+    for m_hat, v_hat, eps, _, _ in corrected_moments(grads, coefficients):
+        w = w * (1 - lr * wd) - lr * m_hat / (v_hat.sqrt() + eps)
+    return w
+
+
+def step_tiny(optimizer, model, grads, lr, coefficients=None) -> None:
+    """Step `model` (a `tiny()`) through `grads`, (weight, bias) gradients of its linear layer, setting each
+    step's LR and, when given, its (β₁, β₂, ε) through optim.set_lr."""
+    for i, (gw, gb) in enumerate(grads):
+        model.zero_grad()
+        model.linear.weight.grad, model.linear.bias.grad = gw.clone(), gb.clone()
+        model.norm.weight.grad, model.norm.bias.grad = torch.zeros(2), torch.zeros(2)
+        if coefficients is None:
+            optim.set_lr(optimizer, lr)
+        else:
+            beta1, beta2, eps = coefficients[i]
+            optim.set_lr(optimizer, lr, (beta1, beta2), eps)
+        optimizer.step()
 
 
 def test_a_lamb_step_is_the_papers_update():
@@ -53,17 +85,60 @@ def test_a_lamb_step_is_the_papers_update():
     weight0, bias0 = model.linear.weight.detach().clone(), model.linear.bias.detach().clone()
     torch.manual_seed(1)
     grads = [(torch.randn(2, 3), torch.randn(2)) for _ in range(3)]
-    for gw, gb in grads:
-        model.zero_grad()
-        model.linear.weight.grad, model.linear.bias.grad = gw.clone(), gb.clone()
-        model.norm.weight.grad, model.norm.bias.grad = torch.zeros(2), torch.zeros(2)
-        optim.set_lr(optimizer, 0.01)
-        optimizer.step()
-    expected_weight = paper_lamb(weight0, [g for g, _ in grads], 0.01, 0.9, 0.999, 1e-6, 0.1, trust=True)
+    step_tiny(optimizer, model, grads, 0.01)
+    coefficients = [(0.9, 0.999, 1e-6)] * len(grads)
+    expected_weight = paper_lamb(weight0, [g for g, _ in grads], 0.01, coefficients, 0.1, trust=True)
     # Bias: no weight decay and no trust ratio (the paper exempts bias and norm parameters).
-    expected_bias = paper_lamb(bias0, [g for _, g in grads], 0.01, 0.9, 0.999, 1e-6, 0.0, trust=False)
+    expected_bias = paper_lamb(bias0, [g for _, g in grads], 0.01, coefficients, 0.0, trust=False)
     torch.testing.assert_close(model.linear.weight.detach(), expected_weight, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(model.linear.bias.detach(), expected_bias, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_moment_coefficients_that_change_with_the_batch_get_the_bias_corrections_they_imply(name):
+    """Under `moments: perSample` the betas and ε change with the batch; each step must be the one the
+    changing moments call for, with both moments corrected by 1 − Πβ rather than the optimizer's 1 − βᵗ.
+    The batch here doubles, stays and grows 16x: the corrections then differ by up to ~2x from 1 − βᵗ."""
+    model = tiny()
+    spec = OptimizerSpec(name=name, lr=0.01, weight_decay=0.1, betas=[0.9, 0.999], eps=1e-3)
+    optimizer = optim.build(spec, model)
+    weight0, bias0 = model.linear.weight.detach().clone(), model.linear.bias.detach().clone()
+    torch.manual_seed(2)
+    grads = [(torch.randn(2, 3), torch.randn(2)) for _ in range(5)]
+    coefficients = [(0.9**k, 0.999**k, 1e-3 / math.sqrt(k)) for k in (1, 2, 2, 16, 16)]
+    step_tiny(optimizer, model, grads, 0.01, coefficients)
+    gw, gb = [g for g, _ in grads], [g for _, g in grads]
+    if name == "lamb":
+        expected_weight = paper_lamb(weight0, gw, 0.01, coefficients, 0.1, trust=True)
+        expected_bias = paper_lamb(bias0, gb, 0.01, coefficients, 0.0, trust=False)
+    else:
+        expected_weight = paper_adamw(weight0, gw, 0.01, coefficients, 0.1)
+        expected_bias = paper_adamw(bias0, gb, 0.01, coefficients, 0.0)
+    torch.testing.assert_close(model.linear.weight.detach(), expected_weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(model.linear.bias.detach(), expected_bias, rtol=1e-6, atol=1e-7)
+
+
+def test_moment_state_resumes_from_a_checkpoint_written_before_it_existed():
+    """A checkpoint without `moment_products` took its steps at the betas it holds: resuming from it, and
+    from one with the state, take the same step as an optimizer that never stopped."""
+    torch.manual_seed(3)
+    grads = [(torch.randn(2, 3), torch.randn(2)) for _ in range(4)]
+    coefficients = [(0.9, 0.999, 1e-3)] * 2 + [(0.81, 0.998, 7e-4)] * 2
+    spec = OptimizerSpec(name="adamw", lr=0.01, betas=[0.9, 0.999], eps=1e-3)
+    through = tiny()
+    step_tiny(optim.build(spec, through), through, grads, 0.01, coefficients)
+    for keep_state in (True, False):
+        model = tiny()
+        optimizer = optim.build(spec, model)
+        step_tiny(optimizer, model, grads[:2], 0.01, coefficients[:2])
+        saved = optimizer.state_dict()
+        if not keep_state:
+            for group in saved["param_groups"]:
+                del group["moment_products"], group["moment_steps"]
+        resumed = optim.build(spec, model)
+        resumed.load_state_dict(saved)
+        step_tiny(resumed, model, grads[2:], 0.01, coefficients[2:])
+        torch.testing.assert_close(model.linear.weight.detach(), through.linear.weight.detach(), rtol=1e-6, atol=1e-7)
 
 
 def test_a_zero_weight_gets_a_trust_ratio_of_one():
@@ -83,8 +158,6 @@ def test_a_zero_weight_gets_a_trust_ratio_of_one():
 
 
 def test_bias_and_norm_parameters_get_no_weight_decay():
-    groups = optim.parameter_groups(tiny(), 0.1)
-    decayed = {id(p) for p in groups[0]["params"]}
     model = tiny()
     groups = optim.parameter_groups(model, 0.1)
     decayed = {id(p) for p in groups[0]["params"]}

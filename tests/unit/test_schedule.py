@@ -116,6 +116,24 @@ def climb(spec, noise_scale: float, batch: int = 16) -> list[int]:
     raise AssertionError(f"still climbing: {batches}")
 
 
+@pytest.mark.parametrize(("scaling", "top"), [("linear", 256), ("sqrt", 128), ("none", 128)])
+def test_the_default_multiplier_follows_the_lr_rule(scaling, top):
+    """Unset, the multiplier is 1 under the linear rule and 0.5 where the LR grows less than the batch
+    (benchmarks/README.md, "The critical-batch policy under the square-root rule"): noise scale 300
+    then allows 256 or 150 -> 128. Set, it is what it says under every rule."""
+
+    def spec(**policy):
+        settings = {"growthFactor": 2, "minStepsBetweenChanges": 10} | policy
+        return make_spec(
+            batch={"initial": 16, "max": 1000, "policy": {"type": "criticalBatch", "criticalBatch": settings}},
+            optimizer={"lr": 0.1, "scaling": scaling},
+            schedule={"warmupSamples": 160},
+        )
+
+    assert climb(spec(), 300.0)[-1] == top
+    assert climb(spec(multiplier=1.0), 300.0)[-1] == 256
+
+
 def test_critical_batch_climbs_the_growth_grid_one_step_per_change_up_to_the_noise_scale():
     spec = critical_spec()
     assert climb(spec, 300.0) == [16, 32, 64, 128, 256]  # 16 * 2**4 <= 300 < 16 * 2**5

@@ -246,7 +246,7 @@ def test_critical_batch_changes_are_on_the_grid_and_spaced(job):
     steps = [0] + [s for s, _ in changes]
     assert all(b - a >= cb.min_steps_between_changes for a, b in pairwise(steps))
     if noise is not None:
-        assert all(b <= max(spec.batch.initial, cb.multiplier * noise) for _, b in changes)
+        assert all(b <= max(spec.batch.initial, spec.critical_multiplier * noise) for _, b in changes)
 
 
 @settings(max_examples=100, deadline=None)
@@ -258,11 +258,7 @@ def test_seesaw_cuts_trade_lr_for_batch_at_the_stability_edge(job):
     assert all(seesaw.factor**-k >= spec.schedule.min_lr_ratio for k in range(1, len(cuts) + 1))
     _, plans = step_by_step(spec, noise)
     after_warmup = [(s, p) for s, p in plans if s.samples >= spec.schedule.warmup_samples]
-    cap = (
-        None
-        if noise is None or not seesaw.cap_at_critical_batch
-        else spec.batch.policy.critical_batch.multiplier * noise
-    )
+    cap = None if noise is None or not seesaw.cap_at_critical_batch else spec.critical_multiplier * noise
     for (s0, p0), (s1, p1) in pairwise(after_warmup):
         passed = sum(1 for c in cuts if s0.samples < c <= s1.samples)
         growth = p1.policy_batch / p0.policy_batch
@@ -289,3 +285,22 @@ def test_every_planned_batch_is_a_whole_number_of_bn_batches(job):
     assert all(p.policy_batch % bn == 0 and p.policy_batch >= bn for _, p in plans)
     # The run's last step too, cut short by a data budget that is a multiple of bnBatch.
     assert all(p.global_batch % bn == 0 for _, p in plans)
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs(), st.sampled_from([0.0, 0.5, 0.9]), st.sampled_from([0.99, 0.999]))
+def test_per_sample_moments_keep_each_horizon_in_samples_and_eps_beside_the_gradient(job, beta1, beta2):
+    """perSample: at every step a moment forgets the same fraction per sample as at baseBatch (log β over
+    the batch is constant) and eps x sqrt(batch) is constant, as the averaged gradient's noise scales with
+    1/sqrt(batch). perStep leaves the coefficients as given."""
+    spec, noise = job
+    optimizer = spec.optimizer.model_copy(update={"betas": [beta1, beta2], "eps": 1e-6})
+    spec = spec.model_copy(update={"optimizer": optimizer})
+    _, plans = step_by_step(spec, noise)
+    base = spec.base_batch
+    for _, p in plans:
+        assert p.betas[0] ** (base / p.policy_batch) == pytest.approx(beta1, rel=1e-9, abs=1e-300)
+        assert math.log(p.betas[1]) / p.policy_batch == pytest.approx(math.log(beta2) / base, rel=1e-9)
+        assert p.eps * math.sqrt(p.policy_batch) == pytest.approx(1e-6 * math.sqrt(base), rel=1e-12)
+    per_step = spec.model_copy(update={"optimizer": optimizer.model_copy(update={"moments": "perStep"})})
+    assert {(p.betas, p.eps) for _, p in step_by_step(per_step, noise)[1]} == {((beta1, beta2), 1e-6)}

@@ -222,7 +222,6 @@ class Trainer:
         plan = schedule.plan(spec, self.progress)
         world = env.world_size
         split = schedule.split(plan.global_batch, world, spec.batch.micro_batch_per_device, spec.batch.bn_batch)
-        optim.set_lr(self.optimizer, plan.lr)
         batch = plan.global_batch
         position = self.progress.samples + split.rank_offset(env.rank)
         micro = split.micro_batches[env.rank]
@@ -287,6 +286,8 @@ class Trainer:
             global_sq = self.hook.global_sq.clone()
         elif micro_norms:
             global_sq = noise.squared_norm([p.grad for p in params], params, weights)
+        # Here, not before the backward: the preconditioned estimator has read the moments as they stand.
+        optim.set_lr(self.optimizer, plan.lr, plan.betas, plan.eps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if pending is not None:

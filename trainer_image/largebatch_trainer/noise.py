@@ -71,19 +71,24 @@ def preconditioners(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]
     weights = {}
     for group in optimizer.param_groups:
         eps, beta2 = group.get("base_eps", group.get("eps")), group["betas"][1]
+        products = group.get("moment_products")  # optim.set_lr's, when it has run: right as the betas change
         for p in group["params"]:
             state = optimizer.state.get(p, {})
             if "exp_avg_sq" not in state:
                 continue
             step = state.get("step", group.get("step", 0))
-            if torch.is_tensor(step):
+            if products is not None:
+                correction = 1.0 - products[1]
+            elif torch.is_tensor(step):
                 # torch's AdamW keeps the step as a tensor, on the GPU when fused: reading it would make the
                 # host wait once per parameter, so the bias correction is computed where it lives.
-                step = step.double()
+                correction = 1.0 - beta2 ** step.double()
             elif step < 1:
                 continue
+            else:
+                correction = 1.0 - beta2**step
             with torch.no_grad():
-                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(1.0 - beta2**step).sqrt_().add_(eps))
+                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(correction).sqrt_().add_(eps))
     return weights or None
 
 

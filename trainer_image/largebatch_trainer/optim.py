@@ -19,6 +19,10 @@ paper's units (negligible beside ‖r‖), and a weight with zero norm gets a tr
 reference implementations do, where the paper's φ(0) = 0 would never move it (that one step is then
 the paper's r times (1−β₁ᵗ)/√(1−β₂ᵗ); docs/trainer.md).
 
+Moments that follow the batch (`optimizer.moments: perSample`): the betas change from step to step, and a
+moment's weights then sum to 1 − Πβ over the steps taken, not 1 − βᵗ. `set_lr` keeps that product per
+group and corrects both optimizers' steps to it, through the LR, ε and weight decay it hands them.
+
 μP (a model whose parameters carry mup's `infshape`, from `mup.set_base_shapes`): each group gets μP's
 learning-rate multiplier, kept as `lr_scale` because `set_lr` sets every group's LR each step. The rule
 is mup's own: `MuAdam`'s for the entrywise-normalised optimizers (AdamW, and LAMB, whose direction is
@@ -99,15 +103,57 @@ def _plain(groups: list[dict]) -> list[dict]:
     return [{k: v for k, v in g.items() if k != "adam"} for g in groups]
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the LR of the coming step (and, for LAMB, the paper's bias corrections for that step)."""
+def set_lr(
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+) -> None:
+    """Set the coefficients of the step `optimizer` takes next: the LR, and for AdamW and LAMB the moments'
+    betas and eps (unchanged where None) with the bias corrections they imply. Call it once per step,
+    right before the step: it counts the steps."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+        if "betas" not in group:  # SGD, LARS
+            continue
+        right1, right2 = _advance_moments(optimizer, group, betas)
+        if eps is not None:
+            group["base_eps"] = eps
         if isinstance(optimizer, Lamb):
-            t = group.get("step", 0) + 1  # Lamb increments the step before using it
-            beta1, beta2 = group["betas"]
-            bc1, bc2 = 1 - beta1**t, 1 - beta2**t
-            group["eps"] = group["base_eps"] * math.sqrt(bc2)
-            group["weight_decay"] = group["base_weight_decay"] * bc1 / math.sqrt(bc2)
-            if group["adam"]:
-                group["lr"] *= math.sqrt(bc2) / bc1
+            applied1 = applied2 = 1.0  # the library corrects neither moment
+        else:  # torch's AdamW corrects by 1 - beta**t, right only while the betas have not changed
+            t, (beta1, beta2) = group["moment_steps"], group["betas"]
+            applied1, applied2 = 1 - beta1**t, 1 - beta2**t
+        # The step torch takes, lr m/applied1 / (sqrt(v/applied2) + eps), becomes the one the moments call
+        # for, lr m/right1 / (sqrt(v/right2) + eps), with lr x s and eps x sqrt(right2/applied2); weight
+        # decay over s keeps lr x weight decay (AdamW's decay) or weight decay/s (LAMB's, inside r).
+        s = applied1 / right1 * math.sqrt(right2 / applied2)
+        group["eps"] = group["base_eps"] * math.sqrt(right2 / applied2)
+        group["weight_decay"] = group["base_weight_decay"] / s
+        if group.get("adam", True):  # LAMB's trust-ratio groups are invariant to the scale of r
+            group["lr"] *= s
+
+
+def _advance_moments(optimizer: torch.optim.Optimizer, group: dict, betas: tuple[float, float] | None):
+    """Count the coming step into the group's moment state and return the bias corrections of both moments
+    after it: 1 - the product of every step's beta, as the moments' weights sum to that when the betas
+    change. `moment_steps` and `moment_products` travel in the optimizer's checkpoint; a checkpoint
+    without them took all its steps at the betas it holds. They are counted per group: a parameter that
+    had no gradient at some step (torch then skips it) is corrected as if it had taken every step."""
+    if "moment_products" not in group:
+        taken = _steps_taken(optimizer, group)
+        group["moment_steps"] = taken
+        group["moment_products"] = [beta**taken for beta in group["betas"]]
+    if betas is not None:
+        group["betas"] = tuple(betas)
+    group["moment_steps"] += 1
+    group["moment_products"] = [p * beta for p, beta in zip(group["moment_products"], group["betas"], strict=True)]
+    return 1 - group["moment_products"][0], 1 - group["moment_products"][1]
+
+
+def _steps_taken(optimizer: torch.optim.Optimizer, group: dict) -> int:
+    """Steps the group has taken: LAMB counts them per group, torch's AdamW per parameter (read once)."""
+    if "step" in group:
+        return int(group["step"])
+    state = next((optimizer.state[p] for p in group["params"] if "step" in optimizer.state.get(p, {})), None)
+    return 0 if state is None else int(state["step"])

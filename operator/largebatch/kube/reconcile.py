@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from largebatch import controller, launch, report, timestamps
+from largebatch import caveats, controller, launch, report, timestamps
 from largebatch.api import LargeBatchJob
 from largebatch.kube import api_errors, manifests, world
 from largebatch.kube.manifests import JOB_LABEL, ROLE_LABEL, Names
@@ -196,6 +196,9 @@ def _reconcile(
         )
         condition("NoDurableCheckpoint", True, "NoDurableCheckpoint", message)
         emit("Warning", "NoDurableCheckpoint", message)
+    for caveat in caveats.caveats(spec):
+        if condition(caveat.reason, True, caveat.reason, caveat.message):
+            emit("Warning", caveat.reason, caveat.message)
 
     # Ended pods: a failed or lost worker is deleted, to be replaced under its own name, until maxRestarts
     # runs out. A failure counts when its pod is deleted, so a pod the watch still shows counts once.
