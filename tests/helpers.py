@@ -52,6 +52,27 @@ def example(name: str) -> LargeBatchJob:
     return LargeBatchJob.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
 
 
+def job_file(tmp_path, change=None, text: str | None = None):
+    """The quickstart job with `change(spec)` applied (or `text` as it is), written to tmp_path/job.yaml."""
+    document = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    if change:
+        change(document["spec"])
+    path = tmp_path / "job.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(document))
+    return path
+
+
+def set_in(path: str, value):
+    def change(spec):
+        *parents, last = path.split(".")
+        node = spec
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return change
+
+
 def wait_for(condition, timeout: float = 60.0, what: str = ""):
     """Poll an observable condition (not a fixed sleep) until it holds; OSError counts as not yet."""
     deadline = time.monotonic() + timeout

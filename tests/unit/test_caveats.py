@@ -4,10 +4,9 @@ goes on; the pure list the operator also reads names only the measured combinati
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from largebatch.caveats import caveats
-from tests.helpers import EXAMPLES, lbctl, make_spec
+from tests.helpers import EXAMPLES, job_file, lbctl, make_spec, set_in
 
 
 @pytest.mark.parametrize(
@@ -29,10 +28,7 @@ def test_the_critical_batch_policy_off_the_linear_rule_is_the_one_caveat(policy,
 
 
 def test_lbctl_warns_and_goes_on(tmp_path):
-    document = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
-    document["spec"]["batch"]["policy"] = {"type": "criticalBatch"}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(document))
+    path = job_file(tmp_path, set_in("batch.policy", {"type": "criticalBatch"}))
     result = lbctl("plan", str(path))
     assert result.returncode == 0, result.stderr
     assert "warning:" in result.stderr and "optimizer.scaling sqrt" in result.stderr

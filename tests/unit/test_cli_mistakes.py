@@ -10,18 +10,8 @@ import json
 import os
 
 import pytest
-import yaml
 
-from tests.helpers import EXAMPLES, lbctl
-
-
-def job_file(tmp_path, change=None, text: str | None = None):
-    document = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
-    if change:
-        change(document["spec"])
-    path = tmp_path / "job.yaml"
-    path.write_text(text if text is not None else yaml.safe_dump(document))
-    return path
+from tests.helpers import EXAMPLES, job_file, lbctl, set_in
 
 
 def refused(result, *said: str) -> None:
@@ -29,17 +19,6 @@ def refused(result, *said: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     for words in said:
         assert words in result.stderr, result.stderr
-
-
-def set_in(path: str, value):
-    def change(spec):
-        *parents, last = path.split(".")
-        node = spec
-        for key in parents:
-            node = node[key]
-        node[last] = value
-
-    return change
 
 
 @pytest.mark.parametrize(
