@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import yaml
@@ -110,14 +111,43 @@ def status_of(cluster, namespace: str, name: str) -> dict:
     return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name).get("status") or {}
 
 
+def explanation(what: str, cluster, namespace: str, name: str, pods: PodRunner, log_path) -> str:
+    """Why a wait failed: the job's status, the pods' logs and the operator's log."""
+    logs = "\n".join(f"--- {p}\n{pods.log(p)[-1500:]}" for p in dict.fromkeys(pods.started))
+    return (f"timed out waiting for {what}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
+            f"{logs}\n--- operator\n{log_path.read_text()[-3000:]}")  # fmt: skip
+
+
 def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, pods: PodRunner, log_path, timeout=300):
     """wait_for, and on a timeout the job's status, the pods' logs and the operator's log."""
     try:
         return wait_for(condition, timeout=timeout, what=what)
     except AssertionError:
-        logs = "\n".join(f"--- {p}\n{pods.log(p)[-1500:]}" for p in dict.fromkeys(pods.started))
-        raise AssertionError(f"timed out waiting for {what}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
-                             f"{logs}\n--- operator\n{log_path.read_text()[-3000:]}") from None  # fmt: skip
+        raise AssertionError(explanation(what, cluster, namespace, name, pods, log_path)) from None
+
+
+def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, log_path, stall: float = 300) -> dict:
+    """Wait for the job to succeed for as long as it trains: the test fails when the job fails or when its
+    status counts no new sample for `stall` seconds, not after a fixed time for the whole run. How long
+    the rest of a run takes depends on what else the machine runs (two workers trained at 700 samples/s
+    beside the other tests in CI, 1,500 alone), so a bound on the whole run fails the slow machine and
+    says nothing about the job."""
+    seen, since = None, time.monotonic()
+    while True:
+        try:
+            status = status_of(cluster, namespace, name)
+        except OSError:
+            status = {}
+        if status.get("phase") == "Succeeded":
+            return status
+        samples = status.get("progress", {}).get("samples")
+        if samples != seen:
+            seen, since = samples, time.monotonic()
+        if status.get("phase") == "Failed" or time.monotonic() - since > stall:
+            quiet = time.monotonic() - since
+            what = f"the job to succeed (phase {status.get('phase')}, no new sample for {quiet:.0f} s)"
+            raise AssertionError(explanation(what, cluster, namespace, name, pods, log_path))
+        time.sleep(0.5)
 
 
 def history(tmp_path) -> list[list[int]]:

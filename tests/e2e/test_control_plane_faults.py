@@ -27,6 +27,7 @@ from tests.e2e.jobs import (
     shared_claim,
     status_of,
     wait_or_explain,
+    wait_until_succeeded,
 )
 from tests.e2e.operator_process import through_proxy
 from tests.helpers import wait_for
@@ -80,8 +81,7 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, ope
                      what="two workers training on while etcd is away")  # fmt: skip
         core.delete_namespaced_pod("restart-worker-1", namespace)  # a worker lost once etcd is back
         wait_or_explain(lambda: pods.started.count("restart-worker-1") == 2, "the lost worker replaced", **explain)
-        wait_or_explain(lambda: status_of(crd, namespace, "restart").get("phase") == "Succeeded",
-                        "the job to succeed", **explain)  # fmt: skip
+        wait_until_succeeded(**explain)
         assert operator.process.poll() is None  # the same operator process throughout
         assert pods.errors == []
         assert pods.started.count("restart-worker-0") == 1 and pods.started.count("restart-rdzv") == 1
@@ -143,8 +143,7 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
                 assert proxy.refused > 0, "the operator never tried to reconnect"
                 wait_or_explain(lambda: status_of(crd, namespace, "cut").get("plan", {}).get("worldSize") == 2,
                                 "the operator to add the worker the growth needs", **explain)  # fmt: skip
-                wait_or_explain(lambda: status_of(crd, namespace, "cut").get("phase") == "Succeeded",
-                                "the job to succeed", **explain)  # fmt: skip
+                wait_until_succeeded(**explain)
                 assert operator.process.poll() is None and pods.errors == []
             assert {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items} == services
         finally:

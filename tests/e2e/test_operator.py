@@ -23,6 +23,7 @@ from tests.e2e.jobs import (
     shared_claim,
     status_of,
     wait_or_explain,
+    wait_until_succeeded,
 )
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
@@ -34,14 +35,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
     shared_claim(crd, namespace, "checkpoints")
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
         assert apply(crd, growing_job("grow", "checkpoints"), namespace).returncode == 0
-        try:
-            # 8,000 steps on two workers beside the process tests and the real node's own: minutes (CI).
-            wait_for(lambda: status_of(crd, namespace, "grow").get("phase") == "Succeeded", timeout=600,
-                     what="the job to succeed")  # fmt: skip
-        except AssertionError:
-            logs = "\n".join(f"--- {p}\n{pods.log(p)[-2000:]}" for p in pods.started)
-            raise AssertionError(f"{status_of(crd, namespace, 'grow')}\n{pods.errors}\n{logs}\n--- operator\n"
-                                 f"{operator.tail(4000)}") from None  # fmt: skip
+        wait_until_succeeded(crd, namespace, "grow", pods, operator.log)
         assert pods.errors == []
         assert {"grow-rdzv", "grow-worker-0", "grow-worker-1"} <= set(pods.started)
     status = status_of(crd, namespace, "grow")
@@ -97,8 +91,7 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
         assert checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["progress"]["samples"] == stopped
         custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "pause",
                                               {"spec": {"suspend": False}})  # fmt: skip
-        wait_or_explain(lambda: status_of(crd, namespace, "pause").get("phase") == "Succeeded", "the job to succeed",
-                        **explain)  # fmt: skip
+        wait_until_succeeded(**explain)
     assert status_of(crd, namespace, "pause")["progress"]["samples"] == TOTAL
     assert contiguous(history(tmp_path), TOTAL)  # resumed at the exact sample: nothing skipped or repeated
     crd.kubectl("delete", "lbj", "pause", "-n", namespace, "--wait=true")
@@ -129,8 +122,7 @@ def test_a_lost_worker_and_a_killed_operator_lose_nothing(crd, namespace, operat
             core.delete_namespaced_pod("lose-worker-1", namespace)  # a lost worker
             operator.stop(kill=True)  # and the operator, while it has to replace it
             operator = OperatorProcess.start(operator_kubeconfig, namespace, log_path)
-            wait_or_explain(lambda: status_of(crd, namespace, "lose").get("phase") == "Succeeded",
-                            "the job to succeed", **explain)  # fmt: skip
+            wait_until_succeeded(**explain)
             assert pods.started.count("lose-worker-1") == 2  # replaced once, under its own name
             assert pods.started.count("lose-worker-0") == 1 and pods.started.count("lose-rdzv") == 1
     finally:
@@ -174,8 +166,7 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
             crd.add_node(nodes[1], gpus=1)
             wait_or_explain(lambda: status_of(crd, namespace, "cap").get("plan", {}).get("worldSize") == 2,
                             "the job to grow on the new node", **explain)  # fmt: skip
-            wait_or_explain(lambda: status_of(crd, namespace, "cap").get("phase") == "Succeeded",
-                            "the job to succeed", **explain)  # fmt: skip
+            wait_until_succeeded(**explain)
     finally:
         for node in nodes:
             crd.kubectl("delete", "node", node, "--ignore-not-found", "--wait=true")

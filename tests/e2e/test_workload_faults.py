@@ -22,6 +22,7 @@ from tests.e2e.jobs import (
     shared_claim,
     status_of,
     wait_or_explain,
+    wait_until_succeeded,
 )
 from tests.helpers import resumed_steps, resumed_where_stopped, wait_for
 
@@ -92,8 +93,7 @@ def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, na
             # grace period: wait for the condition rather than read it once.
             wait_or_explain(lambda: (condition(crd, namespace, "faults", "CapacityLimited") or {}).get("status")
                             == "True", "the job marked CapacityLimited", **explain)  # fmt: skip
-            wait_or_explain(lambda: status_of(crd, namespace, "faults").get("phase") == "Succeeded",
-                            "the job to succeed", **explain)  # fmt: skip
+            wait_until_succeeded(**explain)
         finally:
             scheduling.delete_priority_class(urgent)
         assert pods.errors == [] and operator.process.poll() is None
@@ -148,8 +148,7 @@ def test_a_lost_node_stalls_the_job_until_its_peers_time_out_and_its_worker_is_r
                         timeout=180, **explain)  # fmt: skip
         wait_or_explain(lambda: step(crd, namespace, "lost") > at_step + EVERY, "training to go on", **explain)
         stalled = time.monotonic() - lost_at
-        wait_or_explain(lambda: status_of(crd, namespace, "lost").get("phase") == "Succeeded",
-                        "the job to succeed", **explain)  # fmt: skip
+        wait_until_succeeded(**explain)
         assert pods.errors == [] and operator.process.poll() is None
         survivor = pods.log("lost-worker-0")
     print(f"\nnode lost: worker evicted after {evicted_after:.0f} s, training on after {stalled:.0f} s")
