@@ -6,8 +6,9 @@ learning rates and run lengths; the held-out loss at the end of each run.
         --seeds 0,1,2 --variants ,zerobias,spattn,qzero,eps1e-12          # the suspects, short runs
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/len --steps 1000 --widths 32,128 --lr 0.01 \
         --seeds 0,1,2                                                      # the run's length
-    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,128 --seeds 0,1 \
-        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard   # the best LR's drift
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128 --seeds 0,1 \
+        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard \
+        --plot benchmarks/mup_lr                                            # the best LR's drift, plotted
 
 A run is `pylm` (depth 2, 4 heads, context 64, base width 32), AdamW (no weight decay), batch 32,
 warmup 5% and cosine to 10%, as `benchmarks/mup_transfer.py` trains its proxies; the loss is on 1,024
@@ -19,6 +20,11 @@ held-out windows. Variants (joined with +):
 - `readout`: the readout drawn as the standard model draws it (std 0.02; μP's output multiplier still
   divides it by width / base width) instead of starting at zero.
 Every finished run is kept in `--keep`/runs.jsonl and read back on the next call with the same folder.
+With several LRs, a second table gives for each parametrization and variant the best LR at each width
+(of the seeds' mean loss, then each seed's), how many grid steps it moved from the narrowest width to
+the widest, and each width's loss at the narrowest width's best LR (the proxy's: wider should be
+better there); `--plot PREFIX` draws the loss against the LR, a line per width, one file per
+parametrization (PREFIX_mup.png, PREFIX_standard.png).
 """
 
 from __future__ import annotations
@@ -112,6 +118,81 @@ def table(runs: list[dict], widths: list[int]) -> list[str]:
     return lines
 
 
+def mean_loss(runs: list[dict], key: tuple) -> float:
+    """The seeds' mean held-out loss of one (parametrization, variant, lr, width); inf if any diverged."""
+    losses = [r["loss"] for r in runs if (*(r[k] for k in KEY), r["width"]) == key]
+    return statistics.mean(losses) if losses and all(map(math.isfinite, losses)) else math.inf
+
+
+def transfer(runs: list[dict], widths: list[int]) -> list[str]:
+    """The best LR's drift with width and the loss at the proxy's best LR, per parametrization and variant."""
+    narrow, wide = widths[0], widths[-1]
+    lines = [
+        f"| parametrization | variant | best LR by width (mean loss) | each seed's best LR by width "
+        f"| moved, width {narrow} → {wide} | loss by width at width {narrow}'s best LR |",
+        "|---" * 6 + "|",
+    ]
+    for parametrization, variant in sorted({(r["parametrization"], r["variant"]) for r in runs}):
+        mine = [r for r in runs if (r["parametrization"], r["variant"]) == (parametrization, variant)]
+        grid = sorted({r["lr"] for r in mine})
+        if len(grid) < 2:
+            continue
+        best = {w: min(grid, key=lambda lr: mean_loss(mine, (parametrization, variant, lr, w))) for w in widths}
+        each = {
+            seed: [min(grid, key=lambda lr: next((r["loss"] for r in mine if (r["seed"], r["lr"], r["width"])
+                                                  == (seed, lr, w)), math.inf)) for w in widths]
+            for seed in sorted({r["seed"] for r in mine})
+        }  # fmt: skip
+        cells = ", ".join(
+            f"{best[w]:g} ({mean_loss(mine, (parametrization, variant, best[w], w)):.3f})" for w in widths
+        )
+        seeds = "; ".join(f"seed {seed}: {', '.join(f'{lr:g}' for lr in lrs)}" for seed, lrs in each.items())
+        moved = grid.index(best[wide]) - grid.index(best[narrow])
+        at_proxy = ", ".join(f"{mean_loss(mine, (parametrization, variant, best[narrow], w)):.3f}" for w in widths)
+        lines.append(
+            f"| {parametrization} | {variant or '–'} | {cells} | {seeds} | {moved:+d} grid steps | {at_proxy} |"
+        )
+    return lines
+
+
+def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int) -> list[Path]:
+    """Held-out loss against the LR, a line per width (the seeds' mean; each seed a dot), one file per
+    parametrization of μP as built."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for parametrization in sorted({r["parametrization"] for r in runs}):
+        mine = [r for r in runs if r["parametrization"] == parametrization and r["variant"] == ""]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for width in widths:
+            at = sorted({r["lr"] for r in mine if r["width"] == width})
+            means = [mean_loss(mine, (parametrization, "", lr, width)) for lr in at]
+            (line,) = ax.plot(
+                at, [m if math.isfinite(m) else math.nan for m in means], marker="o", label=f"width {width}"
+            )
+            dots = [(r["lr"], r["loss"]) for r in mine if r["width"] == width and math.isfinite(r["loss"])]
+            ax.scatter(*zip(*dots, strict=True), s=10, alpha=0.4, color=line.get_color())
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("learning rate (AdamW, batch 32)")
+        ax.set_ylabel(f"held-out loss after {steps:,} steps")
+        seeds = sorted({r["seed"] for r in mine})
+        name = f"μP, base width {BASE_WIDTH}" if parametrization == "mup" else "standard parametrization"
+        ax.set_title(f"{name}: {len(seeds)} seeds' mean (dots: each seed)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = prefix.with_name(f"{prefix.name}_{parametrization}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -123,6 +204,7 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="comma-separated; empty: μP as built")
     parser.add_argument("--parametrizations", default="mup")
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--plot", type=Path, help="draw the loss against the LR to PREFIX_<parametrization>.png")
     args = parser.parse_args()
     if args.one:
         config = json.loads(args.one)
@@ -150,6 +232,10 @@ def main() -> None:
     runs = [r for r in done if any(all(r[k] == c[k] for k in c) for c in wanted)]
     print(f"\n{args.steps} steps; held-out loss, mean (per seed {args.seeds})")
     print("\n".join(table(runs, widths)))
+    if len(args.lr.split(",")) > 1:
+        print("\n" + "\n".join(transfer(runs, widths)))
+    if args.plot:
+        print("\n".join(f"wrote {path}" for path in plot(runs, widths, args.plot, args.steps)))
 
 
 if __name__ == "__main__":

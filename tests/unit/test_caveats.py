@@ -1,5 +1,5 @@
 """Settings the benchmarks measured to cost accuracy are said, not refused: `lbctl` warns on stderr and
-goes on; the pure list the operator also reads names only the measured combination."""
+goes on; the pure list the operator also reads names only the measured combinations."""
 
 from __future__ import annotations
 
@@ -10,21 +10,28 @@ from tests.helpers import EXAMPLES, job_file, lbctl, make_spec, set_in
 
 
 @pytest.mark.parametrize(
-    ("policy", "scaling", "warned"),
+    ("policy", "optimizer", "scaling", "warned"),
     [
-        ("criticalBatch", "sqrt", True),
-        ("criticalBatch", "none", True),
-        ("criticalBatch", "linear", False),
-        ("seesaw", "sqrt", False),
-        ("constant", "sqrt", False),
+        ("criticalBatch", "adamw", "sqrt", ["CriticalBatchOffLinearRule"]),
+        ("criticalBatch", "adamw", "none", ["CriticalBatchOffLinearRule"]),
+        ("criticalBatch", "adamw", "linear", []),
+        ("criticalBatch", "sgd", "linear", ["CriticalBatchWithSGD"]),
+        ("criticalBatch", "sgd", "sqrt", ["CriticalBatchOffLinearRule", "CriticalBatchWithSGD"]),
+        ("criticalBatch", "lamb", "linear", []),
+        ("seesaw", "adamw", "sqrt", []),
+        ("seesaw", "sgd", "linear", []),
+        ("constant", "sgd", "sqrt", []),
     ],
 )
-def test_the_critical_batch_policy_off_the_linear_rule_is_the_one_caveat(policy, scaling, warned):
-    spec = make_spec(batch={"policy": {"type": policy}}, optimizer={"lr": 0.1, "scaling": scaling})
-    found = caveats(spec)
-    assert [c.reason for c in found] == (["CriticalBatchOffLinearRule"] if warned else [])
-    if warned:
-        assert f"optimizer.scaling {scaling}" in found[0].message and "optimizer.scaling: linear" in found[0].message
+def test_only_the_measured_losing_combinations_are_caveats(policy, optimizer, scaling, warned):
+    spec = make_spec(batch={"policy": {"type": policy}}, optimizer={"name": optimizer, "lr": 0.1, "scaling": scaling})
+    found = {c.reason: c.message for c in caveats(spec)}
+    assert list(found) == warned
+    if "CriticalBatchOffLinearRule" in found:
+        assert f"optimizer.scaling {scaling}" in found["CriticalBatchOffLinearRule"]
+        assert "optimizer.scaling: linear" in found["CriticalBatchOffLinearRule"]
+    if "CriticalBatchWithSGD" in found:
+        assert "optimizer sgd" in found["CriticalBatchWithSGD"] and "seesaw" in found["CriticalBatchWithSGD"]
 
 
 def test_lbctl_warns_and_goes_on(tmp_path):

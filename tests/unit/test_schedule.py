@@ -187,6 +187,26 @@ def test_seesaw_held_to_the_critical_batch_cuts_the_lr_in_full_where_growing_wou
     assert schedule.plan(plain, Progress(samples=cuts[1], noise_scale=60.0)).policy_batch == 64
 
 
+@pytest.mark.parametrize("scaling", ["linear", "sqrt", "none"])
+def test_seesaw_is_held_to_the_noise_scale_itself_under_every_lr_rule(scaling):
+    """Seesaw's cuts set its LR whatever the rule, so its cap does not take the critical-batch policy's 0.5
+    under sqrt and none (at half the noise scale it saved 13% of the steps, at 1 30%: benchmarks/README.md);
+    `criticalBatch.multiplier`, set, still moves it. Noise scale 100: the second cut may grow 32 -> 64, at
+    multiplier 0.5 it may not."""
+
+    def spec(**critical) -> schedule.LargeBatchJobSpec:
+        policy = {"type": "seesaw", "seesaw": {"factor": 2}, "criticalBatch": critical}
+        return make_spec(batch={"initial": 16, "max": 256, "policy": policy}, optimizer={"lr": 0.1, "scaling": scaling},
+                         schedule={"totalSamples": 100_000, "warmupSamples": 1_000, "decay": "cosine"})  # fmt: skip
+
+    def across_the_second_cut(spec) -> int:
+        before = Progress(samples=schedule.seesaw_cuts(spec)[1] - 1, step=500, batch=32, noise_scale=100.0)
+        return schedule.plan(spec, schedule.advance(before, schedule.plan(spec, before))).policy_batch
+
+    assert across_the_second_cut(spec()) == 64
+    assert across_the_second_cut(spec(multiplier=0.5)) == 32
+
+
 def test_split_hand_example():
     result = schedule.split(10, 3, 2)
     assert result.accumulation_steps == 2
