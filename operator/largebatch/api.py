@@ -204,7 +204,7 @@ class WorkersSpec(_Model):
 # lost held-out loss, and half of it held (`none` grows the LR even less, so it gets sqrt's, unmeasured).
 CRITICAL_MULTIPLIER_DEFAULT = {"linear": 1.0, "sqrt": 0.5, "none": 0.5}
 # Seesaw's cap, under every rule: its cuts set the LR whatever the rule, and at half the noise scale it saved
-# 13% of the steps where at 1 it saved 30% for the same loss.
+# 13% of the steps where at 1 it saved 30%, both holding constant batch's loss (benchmarks/README.md).
 SEESAW_CAP_MULTIPLIER_DEFAULT = 1.0
 CRITICAL_SMOOTHING_DEFAULT = 0.95
 CRITICAL_MIN_STEPS_DEFAULT = 300

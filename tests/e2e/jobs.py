@@ -111,10 +111,10 @@ def status_of(cluster, namespace: str, name: str) -> dict:
     return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name).get("status") or {}
 
 
-def explanation(what: str, cluster, namespace: str, name: str, pods: PodRunner, log_path) -> str:
-    """Why a wait failed: the job's status, the pods' logs and the operator's log."""
+def explanation(headline: str, cluster, namespace: str, name: str, pods: PodRunner, log_path) -> str:
+    """Why a wait failed: the headline, the job's status, the pods' logs and the operator's log."""
     logs = "\n".join(f"--- {p}\n{pods.log(p)[-1500:]}" for p in dict.fromkeys(pods.started))
-    return (f"timed out waiting for {what}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
+    return (f"{headline}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
             f"{logs}\n--- operator\n{log_path.read_text()[-3000:]}")  # fmt: skip
 
 
@@ -123,7 +123,9 @@ def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, po
     try:
         return wait_for(condition, timeout=timeout, what=what)
     except AssertionError:
-        raise AssertionError(explanation(what, cluster, namespace, name, pods, log_path)) from None
+        raise AssertionError(
+            explanation(f"timed out waiting for {what}", cluster, namespace, name, pods, log_path)
+        ) from None
 
 
 def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, log_path, stall: float = 300) -> dict:
@@ -145,8 +147,8 @@ def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, lo
             seen, since = samples, time.monotonic()
         if status.get("phase") == "Failed" or time.monotonic() - since > stall:
             quiet = time.monotonic() - since
-            what = f"the job to succeed (phase {status.get('phase')}, no new sample for {quiet:.0f} s)"
-            raise AssertionError(explanation(what, cluster, namespace, name, pods, log_path))
+            headline = f"the job did not succeed: phase {status.get('phase')}, no new sample for {quiet:.0f} s"
+            raise AssertionError(explanation(headline, cluster, namespace, name, pods, log_path))
         time.sleep(0.5)
 
 
