@@ -28,6 +28,7 @@ class Rejoining(RendezvousHandler):
         self._params, self._build = params, build
         self._handler = build(params)
         self._lost = False
+        self._why_not_back = ""  # the last reason a reconnect failed, said once per change
 
     def num_nodes_waiting(self) -> int:
         """What the agent asks every monitor interval while its workers are healthy."""
@@ -69,7 +70,11 @@ class Rejoining(RendezvousHandler):
         try:
             socket.create_connection((host, int(port)), timeout=RETRY_SECONDS).close()
             self._handler = self._build(self._params)
-        except (OSError, RendezvousConnectionError):
+        except (OSError, RendezvousConnectionError) as exc:
+            why = f"{type(exc).__name__}: {exc.__cause__ or exc}"
+            if why != self._why_not_back:  # a store that answers but cannot be joined must not be silent
+                print(f"rendezvous store at {self._params.endpoint} not back yet ({why})", file=sys.stderr, flush=True)
+                self._why_not_back = why
             return False
         self._lost = False
         print(f"rendezvous store at {self._params.endpoint} back: the workers stop after a checkpoint and rejoin",
