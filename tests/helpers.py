@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from largebatch.api import LargeBatchJob, LargeBatchJobSpec
+from largebatch_trainer import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -71,6 +72,13 @@ def set_in(path: str, value):
         node[last] = value
 
     return change
+
+
+def newest_history(directory: Path) -> list[list[int]]:
+    """The step history ([first step, first sample, batch, world size, steps] per run) in the newest intact
+    checkpoint in `directory`; none before the first checkpoint."""
+    newest = checkpoint.newest_intact(directory)
+    return newest[1]["history"] if newest else []
 
 
 def wait_for(condition, timeout: float = 60.0, what: str = ""):

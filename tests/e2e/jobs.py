@@ -10,7 +10,6 @@ import yaml
 from kubernetes import client
 
 from largebatch import api
-from largebatch_trainer import checkpoint
 from tests import helpers
 from tests.cluster.pod_runner import PodRunner
 from tests.helpers import EXAMPLES, ROOT, wait_for
@@ -153,10 +152,8 @@ def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, lo
 
 
 def history(tmp_path) -> list[list[int]]:
-    """The step history in the newest checkpoint on the shared claim, read on the host; none before the
-    first checkpoint."""
-    newest = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")
-    return newest[1]["history"] if newest else []
+    """The step history in the newest checkpoint on the shared claim, read on the host."""
+    return helpers.newest_history(tmp_path / "pods" / "pvc-checkpoints")
 
 
 def contiguous(runs: list[list[int]], total: int) -> bool:

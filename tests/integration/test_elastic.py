@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from largebatch import launch
-from largebatch_trainer import checkpoint
-from tests.helpers import contiguous, free_port, resumed_where_stopped, wait_for
+from tests.helpers import contiguous, free_port, newest_history, resumed_where_stopped, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
     covered_samples,
@@ -69,12 +68,6 @@ def two_nodes_training(progress, past_step: int = 150) -> None:
     )
 
 
-def checkpointed_worlds(directory) -> set[int]:
-    """The world sizes in the newest intact checkpoint's history; none before the first checkpoint."""
-    newest = checkpoint.newest_intact(directory)
-    return {run[3] for run in newest[1]["history"]} if newest else set()
-
-
 def rendezvous_store(port: int) -> subprocess.Popen:
     """The store as the job's rendezvous pod runs it, ready once it says where it listens."""
     command = [PYTHON, "-m", "largebatch_trainer.rendezvous", "--host", "127.0.0.1", "--port", str(port)]
@@ -92,7 +85,7 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
         two_nodes_training(progress)
         # The survivor resumes from the newest checkpoint, so wait for one the two nodes wrote: a node lost
         # before that (the second can join late when steps are fast) leaves nothing of world size 2 to see.
-        wait_for(lambda: 2 in checkpointed_worlds(job_path.with_name("elastic-ckpt")), timeout=120,
+        wait_for(lambda: 2 in [run[3] for run in newest_history(job_path.with_name("elastic-ckpt"))], timeout=120,
                  what="a checkpoint written by the two nodes")  # fmt: skip
         kill_tree(second.pid)  # the node is gone: agent and worker
         second.wait()
