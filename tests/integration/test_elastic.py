@@ -71,7 +71,32 @@ def two_nodes_training(progress, past_step: int = 150) -> None:
 def rendezvous_store(port: int) -> subprocess.Popen:
     """The store as the job's rendezvous pod runs it, ready once it says where it listens."""
     command = [PYTHON, "-m", "largebatch_trainer.rendezvous", "--host", "127.0.0.1", "--port", str(port)]
-    store = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=trainer_env())
+    return listening(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=trainer_env()))
+
+
+def standby_store(port: int) -> subprocess.Popen:
+    """The same store with its interpreter started and torch imported, which listens only once `listen`
+    tells it to. A store started from nothing after the old one died took longer on a busy CI machine
+    than the rest of the run: training ended before any agent could see the store back."""
+    command = [PYTHON, "-c", _WAIT_THEN_LISTEN, "--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=trainer_env())
+
+
+_WAIT_THEN_LISTEN = """
+import sys
+from largebatch_trainer import rendezvous
+sys.stdin.readline()
+sys.exit(rendezvous.main(sys.argv[1:]))
+"""
+
+
+def listen(standby: subprocess.Popen) -> subprocess.Popen:
+    standby.stdin.write("listen\n")
+    standby.stdin.flush()
+    return listening(standby)
+
+
+def listening(store: subprocess.Popen) -> subprocess.Popen:
     assert "listening on" in store.stdout.readline()
     return store
 
@@ -118,6 +143,7 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
     job_path, progress = job(tmp_path, "rejoin"), tmp_path / "progress.json"
     first, second = agent(job_path, port, progress), agent(job_path, port, progress)
     logs = [tmp_path / "agent-0.log", tmp_path / "agent-1.log"]
+    replacement = standby_store(port)
     try:
         two_nodes_training(progress)
         store.kill()
@@ -126,15 +152,17 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
                  what="both agents to notice the store gone")  # fmt: skip
         step = json.loads(progress.read_text())["progress"]["step"]
         two_nodes_training(progress, past_step=step + 100)  # training needs no store
-        store = rendezvous_store(port)
+        store = listen(replacement)
+        back_at = json.loads(progress.read_text())["progress"]["step"]
         assert first.wait(timeout=240) == 0 and second.wait(timeout=60) == 0, [log.read_text()[-3000:] for log in logs]
     finally:
         for process in (first, second):
             kill_tree(process.pid)
-        store.terminate()
-        store.wait(timeout=30)
+        for process in (store, replacement):
+            process.terminate()
+            process.wait(timeout=30)
     text = "".join(log.read_text() for log in logs)
-    assert "back: the workers stop after a checkpoint and rejoin" in text
+    assert "back: the workers stop after a checkpoint and rejoin" in text, f"the store listened again at step {back_at}"
     state = final_state(tmp_path / "elastic-ckpt")
     assert state["progress"]["samples"] == TOTAL
     assert contiguous(covered_samples(state["history"]), TOTAL)
