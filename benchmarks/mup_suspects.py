@@ -7,8 +7,14 @@ learning rates and run lengths; the held-out loss at the end of each run.
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/len --steps 1000 --widths 32,128 --lr 0.01 \
         --seeds 0,1,2                                                      # the run's length
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128 --seeds 0,1 \
-        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard \
-        --plot benchmarks/mup_lr                                            # the best LR's drift, plotted
+        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard  # the best LR's drift
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 256 --seeds 0,1 \
+        --lr 0.0036,0.0083,0.019 --parametrizations mup                    # width 256 near each best LR
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 256 --seeds 0,1 \
+        --lr 0.0016,0.0036,0.0083 --parametrizations standard
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128,256 \
+        --seeds 0,1 --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard --again \
+        --plot benchmarks/mup_lr                                            # all four widths, plotted
 
 A run is `pylm` (depth 2, 4 heads, context 64, base width 32), AdamW (no weight decay), batch 32,
 warmup 5% and cosine to 10%, as `benchmarks/mup_transfer.py` trains its proxies; the loss is on 1,024
@@ -19,7 +25,8 @@ held-out windows. Variants (joined with +):
 - `eps1e-12`: Adam's ε at 1e-12 instead of 1e-8 (the hidden layers' gradients shrink with width);
 - `readout`: the readout drawn as the standard model draws it (std 0.02; μP's output multiplier still
   divides it by width / base width) instead of starting at zero.
-Every finished run is kept in `--keep`/runs.jsonl and read back on the next call with the same folder.
+Every finished run is kept in `--keep`/runs.jsonl and read back on the next call with the same folder;
+`--again` runs nothing and reports what is kept (a cell never run says so).
 With several LRs, a second table gives for each parametrization and variant the best LR at each width
 (of the seeds' mean loss, then each seed's), how many grid steps it moved from the narrowest width to
 the widest, and each width's loss at the narrowest width's best LR (the proxy's: wider should be
@@ -111,8 +118,11 @@ def table(runs: list[dict], widths: list[int]) -> list[str]:
         for width in widths:
             key = (parametrization, variant, lr, width)
             found = sorted((r["seed"], r["loss"]) for r in runs if (*(r[k] for k in KEY), r["width"]) == key)
+            if not found:
+                cells.append("not run")
+                continue
             finite = [loss for _, loss in found if math.isfinite(loss)]
-            mean = f"{statistics.mean(finite):.3f}" if len(finite) == len(found) and found else "diverged"
+            mean = f"{statistics.mean(finite):.3f}" if len(finite) == len(found) else "diverged"
             cells.append(f"{mean} ({', '.join(f'{loss:.3f}' for _, loss in found)})")
         lines.append(f"| {parametrization} | {variant or '–'} | {lr:g} | {' | '.join(cells)} |")
     return lines
@@ -135,12 +145,13 @@ def transfer(runs: list[dict], widths: list[int]) -> list[str]:
     for parametrization, variant in sorted({(r["parametrization"], r["variant"]) for r in runs}):
         mine = [r for r in runs if (r["parametrization"], r["variant"]) == (parametrization, variant)]
         grid = sorted({r["lr"] for r in mine})
-        if len(grid) < 2:
+        ran = {w: sorted({r["lr"] for r in mine if r["width"] == w}) for w in widths}  # a width may span less
+        if len(grid) < 2 or not all(ran.values()):
             continue
-        best = {w: min(grid, key=lambda lr: mean_loss(mine, (parametrization, variant, lr, w))) for w in widths}
+        best = {w: min(ran[w], key=lambda lr: mean_loss(mine, (parametrization, variant, lr, w))) for w in widths}
         each = {
-            seed: [min(grid, key=lambda lr: next((r["loss"] for r in mine if (r["seed"], r["lr"], r["width"])
-                                                  == (seed, lr, w)), math.inf)) for w in widths]
+            seed: [min(ran[w], key=lambda lr: next((r["loss"] for r in mine if (r["seed"], r["lr"], r["width"])
+                                                    == (seed, lr, w)), math.inf)) for w in widths]
             for seed in sorted({r["seed"] for r in mine})
         }  # fmt: skip
         cells = ", ".join(
@@ -148,7 +159,11 @@ def transfer(runs: list[dict], widths: list[int]) -> list[str]:
         )
         seeds = "; ".join(f"seed {seed}: {', '.join(f'{lr:g}' for lr in lrs)}" for seed, lrs in each.items())
         moved = grid.index(best[wide]) - grid.index(best[narrow])
-        at_proxy = ", ".join(f"{mean_loss(mine, (parametrization, variant, best[narrow], w)):.3f}" for w in widths)
+        proxy = best[narrow]
+        at_proxy = ", ".join(
+            f"{mean_loss(mine, (parametrization, variant, proxy, w)):.3f}" if proxy in ran[w] else "not run"
+            for w in widths
+        )
         lines.append(
             f"| {parametrization} | {variant or '–'} | {cells} | {seeds} | {moved:+d} grid steps | {at_proxy} |"
         )
@@ -170,6 +185,8 @@ def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int) -> list[
         fig, ax = plt.subplots(figsize=(6, 4))
         for width in widths:
             at = sorted({r["lr"] for r in mine if r["width"] == width})
+            if not at:
+                continue
             means = [mean_loss(mine, (parametrization, "", lr, width)) for lr in at]
             (line,) = ax.plot(
                 at, [m if math.isfinite(m) else math.nan for m in means], marker="o", label=f"width {width}"
@@ -205,6 +222,7 @@ def main() -> None:
     parser.add_argument("--parametrizations", default="mup")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--plot", type=Path, help="draw the loss against the LR to PREFIX_<parametrization>.png")
+    parser.add_argument("--again", action="store_true", help="run nothing: the tables and plots of what is kept")
     args = parser.parse_args()
     if args.one:
         config = json.loads(args.one)
@@ -223,7 +241,9 @@ def main() -> None:
         for s in args.seeds.split(",") for w in widths
     ]  # fmt: skip
     todo = [c for c in wanted if not any(all(r[k] == c[k] for k in c) for r in done)]
-    print(f"{len(wanted) - len(todo)} of {len(wanted)} runs kept in {kept}; running {len(todo)}", flush=True)
+    print(f"{len(wanted) - len(todo)} of {len(wanted)} runs kept in {kept}; running {0 if args.again else len(todo)}")
+    if args.again:
+        todo = []
     with ThreadPoolExecutor(args.parallel) as pool, open(kept, "a") as out:
         for result in pool.map(run_one, todo):
             out.write(json.dumps(result) + "\n")
