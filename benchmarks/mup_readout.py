@@ -5,50 +5,30 @@ depth 1, base width 16, AdamW at six LRs ×3 apart, the mean training loss of th
     .venv/bin/python benchmarks/mup_readout.py --steps 40 --seeds 0,1,2,3
     .venv/bin/python benchmarks/mup_readout.py --steps 120 --seeds 0,1,2,3
 
-The drawn readout is drawn after the model is built, as `mup_suspects.py`'s `readout` variant does.
+The runs are the test's own (`trained_loss`); the drawn readout is drawn after the model is built, as
+`mup_suspects.py`'s `readout` variant does.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import sys
+from pathlib import Path
 
 import torch
 
-from largebatch.api import OptimizerSpec
-from largebatch_trainer import optim
-from largebatch_trainer.tasks import pylm
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-GRID = [0.001 * 3**k for k in range(6)]  # the drift test's
+from tests.unit.test_mup import GRID, trained_loss  # noqa: E402
+
 WIDTHS = (16, 128)
-
-
-def trained_loss(width: int, lr: float, seed: int, drawn: bool, steps: int) -> float:
-    torch.manual_seed(seed)
-    task = pylm(width=width, depth=1, heads=2, context=16, parametrization="mup", baseWidth=16)
-    if drawn:
-        with torch.no_grad():
-            task.model.head.weight.normal_(std=0.02)
-    optimizer = optim.build(OptimizerSpec(name="adamw", lr=lr), task.model)
-    samples = torch.Generator().manual_seed(seed)
-    losses = []
-    for step in range(steps):
-        optim.set_lr(optimizer, lr * min(1.0, (step + 1) / 5))
-        picks = torch.randint(len(task.dataset), (16,), generator=samples)
-        loss, count = task.loss(task.model, torch.stack([task.dataset[int(i)] for i in picks]))
-        (loss / count).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item() / count)
-    mean = sum(losses[-10:]) / 10
-    return mean if math.isfinite(mean) else math.inf
 
 
 def moved(seed: int, drawn: bool, steps: int) -> int:
     """Grid steps the best LR moved from the narrow width to the wide one."""
     best = []
     for width in WIDTHS:
-        losses = [trained_loss(width, lr, seed, drawn, steps) for lr in GRID]
+        losses = [trained_loss("mup", width, lr, steps, seed, readout_std=0.02 if drawn else 0.0) for lr in GRID]
         best.append(losses.index(min(losses)))
     return best[1] - best[0]
 

@@ -100,12 +100,18 @@ GRID = [0.001 * 3**k for k in range(6)]  # 0.001 to 0.243, ×3 a step
 which is what μP holds in place across widths."""
 
 
-def trained_loss(parametrization: str, width: int, lr: float, steps: int = 40) -> float:
-    """Mean training loss over the last 10 of `steps` AdamW steps (warmup 5), a tiny pylm, base width 16."""
-    torch.manual_seed(0)
+def trained_loss(
+    parametrization: str, width: int, lr: float, steps: int = 40, seed: int = 0, readout_std: float = 0.0
+) -> float:
+    """Mean training loss over the last 10 of `steps` AdamW steps (warmup 5), a tiny pylm, base width 16;
+    `readout_std` > 0 draws μP's readout instead of leaving it at zero (`benchmarks/mup_readout.py`)."""
+    torch.manual_seed(seed)
     task = pylm(width=width, depth=1, heads=2, context=16, parametrization=parametrization, baseWidth=16)
+    if readout_std:
+        with torch.no_grad():
+            task.model.head.weight.normal_(std=readout_std)
     optimizer = optim.build(OptimizerSpec(name="adamw", lr=lr), task.model)
-    samples = torch.Generator().manual_seed(0)
+    samples = torch.Generator().manual_seed(seed)
     losses = []
     for step in range(steps):
         optim.set_lr(optimizer, lr * min(1.0, (step + 1) / 5))
