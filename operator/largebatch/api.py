@@ -555,6 +555,13 @@ class LargeBatchJobSpec(_Model):
 
     immutable: ClassVar[tuple[str, ...]] = ("task", "batch", "optimizer", "schedule")
     """Blocks that define the training math: the API server refuses to change them on an existing job."""
+    read_at_start: ClassVar[tuple[str, ...]] = (
+        "precision", "gradient_all_reduce", "evaluation", "checkpoint", "metrics", "workers.accelerator",
+    )  # fmt: skip
+    """What else the workers read from the job file the operator writes when the job starts (its
+    ConfigMap, written once: a rewritten file would reach a running round's ranks at different moments,
+    so ranks of one round could train under different settings). The API server refuses to change
+    these on an existing job rather than accept an edit that never reaches the workers."""
 
     rules = (
         Rule(

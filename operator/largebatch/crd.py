@@ -82,19 +82,34 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _immutable(spec: dict[str, Any]) -> dict[str, Any]:
-    """Transition rules (`self == oldSelf`, checked on updates only) on the blocks that define the
-    training math: changing them mid-run would train a different job under the same name."""
+    """Transition rules (checked on updates only) on the blocks that define the training math, and on
+    what the workers read from the job file written at start: changing either mid-run would train a
+    different job under the same name, or change a setting the workers never see."""
     for name in api.LargeBatchJobSpec.immutable:
-        field = api.LargeBatchJobSpec.model_fields[name].alias or name
-        rules = spec["properties"][field].setdefault("x-kubernetes-validations", [])
-        rules.append(
-            {
-                "rule": "self == oldSelf",
-                "message": f"spec.{field} cannot change on an existing job (it would change the training "
-                "mid-run): create a new LargeBatchJob, which can resume from this one's checkpoints",
-            }
-        )
+        _refuse_change(spec, name, "it would change the training mid-run")
+    for name in api.LargeBatchJobSpec.read_at_start:
+        _refuse_change(spec, name, "the workers read it once, from the job file written when the job started")
     return spec
+
+
+def _refuse_change(spec: dict[str, Any], dotted: str, why: str) -> None:
+    """`self == oldSelf` on the field's own schema when it always has a value (a default fills it);
+    otherwise a rule on the spec that also refuses setting or removing it (a transition rule on an
+    optional field is skipped when either side lacks it)."""
+    model, node, path = api.LargeBatchJobSpec, spec, []
+    for name in dotted.split("."):
+        info = model.model_fields[name]
+        path.append(info.alias or name)
+        node = node["properties"][path[-1]]
+        model = info.annotation
+    field = ".".join(path)
+    message = f"spec.{field} cannot change on an existing job ({why}): create a new LargeBatchJob, which can " \
+        "resume from this one's checkpoints"  # fmt: skip
+    if info.default is not None:
+        node.setdefault("x-kubernetes-validations", []).append({"rule": "self == oldSelf", "message": message})
+        return
+    rule = f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+    spec.setdefault("x-kubernetes-validations", []).append({"rule": rule, "message": message, "fieldPath": f".{field}"})
 
 
 def crd() -> dict[str, Any]:

@@ -92,6 +92,12 @@ def test_a_name_too_long_for_its_pods_is_rejected(crd, namespace):
         ("optimizer", lambda s: s["optimizer"].update(lr=0.01)),
         ("schedule", lambda s: s["schedule"].update(totalSamples=30_000_000)),
         ("task", lambda s: s["task"].update(seed=7)),
+        # What the workers read once from the job file (its ConfigMap): an accepted edit would never reach them.
+        ("precision", lambda s: s.update(precision="fp32")),
+        ("evaluation", lambda s: s.update(evaluation={"everySamples": 4096})),
+        ("checkpoint", lambda s: s.update(checkpoint={"everySteps": 7})),
+        ("metrics", lambda s: s.update(metrics={"port": 9500})),
+        ("workers.accelerator", lambda s: s["workers"].update(accelerator="none")),
     ],
 )
 def test_edits_that_change_the_training_are_refused_on_an_existing_job(crd, namespace, block, change):

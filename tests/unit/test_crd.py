@@ -74,8 +74,24 @@ def test_the_blocks_that_define_the_training_cannot_change():
         transition = [r for r in spec[name]["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
         assert transition == [{"rule": "self == oldSelf", "message": transition[0]["message"]}]
         assert f"spec.{name} cannot change" in transition[0]["message"]
-    for name in ("workers", "checkpoint", "metrics", "image", "suspend"):
+    for name in ("workers", "image", "suspend"):
         assert not any("oldSelf" in r["rule"] for r in spec[name].get("x-kubernetes-validations", []))
+    for name in ("min", "max", "maxRestarts", "devicesPerWorker"):
+        assert "x-kubernetes-validations" not in spec["workers"]["properties"][name]
+
+
+def test_what_the_workers_read_once_from_the_job_file_cannot_change():
+    """The job's ConfigMap is written when the job starts; an edit accepted afterwards would never reach
+    the workers, so the API server refuses it (issue 24)."""
+    schema = _schema()["properties"]["spec"]
+    spec = schema["properties"]
+    for node, name in [(spec[n], n) for n in ("gradientAllReduce", "evaluation", "checkpoint", "metrics")] + [
+        (spec["workers"]["properties"]["accelerator"], "workers.accelerator")
+    ]:
+        [transition] = [r for r in node["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+        assert transition["rule"] == "self == oldSelf" and f"spec.{name} cannot change" in transition["message"]
+    [precision] = [r for r in schema["x-kubernetes-validations"] if "oldSelf.precision" in r["rule"]]
+    assert precision["fieldPath"] == ".precision" and "spec.precision cannot change" in precision["message"]
 
 
 def test_names_subresource_and_printer_columns():
