@@ -792,6 +792,11 @@ class LargeBatchJobStatus(_Model):
     completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     """When the job succeeded or failed."""
 
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> LargeBatchJobStatus:
+        """The status of a job as the API server returns it (empty before the operator's first reconcile)."""
+        return cls.model_validate(obj.get("status") or {})
+
 
 class ObjectMeta(BaseModel):
     """The metadata a job file needs; everything else in it is kept as written."""

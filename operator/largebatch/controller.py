@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from largebatch import schedule
-from largebatch.api import LargeBatchJobSpec
+from largebatch.api import LargeBatchJobSpec, Rescale
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ class Decision:
 
     def changes(self, current: int) -> bool:
         return self.workers != current
+
+    def rescale(self, current: int, samples: int, time: str | None = None) -> Rescale:
+        """The record of this decision taken on `current` workers after `samples` samples: the job's
+        `status.rescales` (the operator, with the time) and a local run's run.json (the runner)."""
+        return Rescale(time=time, from_workers=current, to_workers=self.workers, samples=samples,
+                       kind=self.kind.value, reason=self.reason)  # fmt: skip
 
 
 def decide(spec: LargeBatchJobSpec, seen: Observation) -> Decision:

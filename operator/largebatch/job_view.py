@@ -7,8 +7,8 @@ import dataclasses
 import datetime
 from typing import Any
 
-from largebatch import plan_report, report, timestamps
-from largebatch.api import LargeBatchJob
+from largebatch import plan_report, timestamps
+from largebatch.api import LargeBatchJob, LargeBatchJobStatus, PlanStatus, ProgressStatus, WorkersStatus
 
 COLUMNS = ["NAME", "PHASE", "WORKERS", "BATCH", "MICRO×ACC", "LR", "STEP", "SAMPLES/S", "LOSS", "NOISE", "AGE"]
 WIDE_COLUMNS = ["NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "RESCALES"]
@@ -31,14 +31,14 @@ def age(created: str | None, now: datetime.datetime) -> str:
 
 
 def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list[str]:
-    meta, status = job["metadata"], job.get("status") or {}
-    progress, plan = report.read(status)
-    workers = status.get("workers") or {}
+    meta, status = job["metadata"], LargeBatchJobStatus.of(job)
+    progress, plan = status.progress or ProgressStatus(), status.plan or PlanStatus()
+    workers = status.workers or WorkersStatus()
     cells = {
         "NAMESPACE": meta.get("namespace", ""),
         "NAME": meta["name"],
-        "PHASE": status.get("phase") or "Pending",
-        "WORKERS": f"{_number(workers.get('ready'), 'd')}/{_number(workers.get('desired'), 'd')}",
+        "PHASE": status.phase or "Pending",
+        "WORKERS": f"{_number(workers.ready, 'd')}/{_number(workers.desired, 'd')}",
         "BATCH": _number(plan.global_batch, ","),
         "MICRO×ACC": f"{_number(plan.micro_batch, 'd')}×{_number(plan.accumulation_steps, 'd')}",
         "LR": _number(plan.lr, ".3g"),
@@ -49,8 +49,8 @@ def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list
         "AGE": age(meta.get("creationTimestamp"), now),
         "POLICY": plan.policy_phase or MISSING,
         "SAMPLES": _number(progress.samples, ","),
-        "CAPACITY": _number(status.get("capacity"), "d"),
-        "RESCALES": _number((status.get("rescales") or {}).get("count"), "d"),
+        "CAPACITY": _number(status.capacity, "d"),
+        "RESCALES": _number(status.rescales.count if status.rescales else None, "d"),
     }
     return [cells[c] for c in (WIDE_COLUMNS if wide else COLUMNS)]
 
@@ -58,10 +58,9 @@ def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list
 def plan_ahead(job: dict[str, Any]) -> plan_report.PlanReport:
     """The phases from the job's current progress on, as `lbctl plan` shows them (criticalBatch
     assumes the last measured noise scale), capped by the capacity the cluster has shown."""
-    parsed = LargeBatchJob.from_object(job)
-    status = job.get("status") or {}
-    progress, _ = report.read(status)
-    whole = plan_report.report(parsed.spec, capacity=status.get("capacity"), noise_scale=progress.noise_scale)
+    parsed, status = LargeBatchJob.from_object(job), LargeBatchJobStatus.of(job)
+    progress = status.progress or ProgressStatus()
+    whole = plan_report.report(parsed.spec, capacity=status.capacity, noise_scale=progress.noise_scale)
     done = progress.samples or 0
     rows = []
     for r in whole.rows:

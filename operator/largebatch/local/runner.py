@@ -203,15 +203,8 @@ class LocalRun:
             self.display.reason = decision.reason
             return
         if current:
-            self.state.rescales.append(
-                {
-                    "samples": progress.samples,
-                    "from": current,
-                    "to": decision.workers,
-                    "kind": decision.kind.value,
-                    "reason": decision.reason,
-                }
-            )
+            entry = decision.rescale(current, progress.samples)
+            self.state.rescales.append(entry.model_dump(mode="json", by_alias=True, exclude_none=True))
             self.last_rescale = time.monotonic()
             self.pending_rescale = (self.last_rescale, progress.step)
         self.display.event(f"{current} → {decision.workers} nodes: {decision.reason}")
@@ -236,7 +229,7 @@ class LocalRun:
             self.pending_rescale = None
 
     def _observe(self, progress: schedule.Progress, capacity: int) -> None:
-        p, plan = self.report.get("progress", {}), self.report.get("plan", {})
+        shown, plan = report.read(self.report)
         entry = {
             "session": self.state.sessions,
             "seconds": round(self.state.wall_seconds + time.monotonic() - self.started, 2),
@@ -244,11 +237,8 @@ class LocalRun:
             "step": progress.step,
             "nodes": len(self.nodes),
             "capacity": capacity,
-            **{
-                k: plan.get(k)
-                for k in ("globalBatch", "microBatch", "accumulationSteps", "worldSize", "lr", "policyPhase")
-            },
-            **{k: p.get(k) for k in ("loss", "noiseScale", "samplesPerSecond")},
+            **plan.model_dump(mode="json", by_alias=True),
+            **shown.model_dump(mode="json", by_alias=True, include={"loss", "noise_scale", "samples_per_second"}),
             # The batch the controller plans for the next step, from the reported policy state: the
             # trainer's history must show it took exactly this one.
             "nextBatch": (
@@ -258,7 +248,9 @@ class LocalRun:
             ),
         }
         last = self.state.timeline[-1] if self.state.timeline else None
-        if p and (last is None or (last["step"], last["nodes"]) != (entry["step"], entry["nodes"])):
+        if self.report.get("progress") and (
+            last is None or (last["step"], last["nodes"]) != (entry["step"], entry["nodes"])
+        ):
             self.state.timeline.append(entry)
         self.display.update(self, progress, capacity)
 
