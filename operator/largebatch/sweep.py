@@ -6,7 +6,8 @@ parametrization it moves (benchmarks/README.md measures both).
 
 This module plans the runs and reads their records; it runs them as subprocesses of `lbctl run`, each in
 its own run directory under the sweep's folder, so a sweep stopped half-way resumes where it was: a
-run whose record says complete is read, not run again.
+run whose record says complete is read, not run again. `sweep_local`, at its end, is the command itself:
+its checks, the results it writes and shows, and the job it writes with the LR found.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from rich import box
+from rich.markup import escape
+from rich.table import Table
 
-from largebatch import launch
+from largebatch import jobfile, launch, trainer_facade
+from largebatch.api import LargeBatchJob
+from largebatch.errors import JobError
+from largebatch.terminal import check_folder, console, fail, load_job
 
 MAX_GRID = 64  # learning rates in one sweep
 
@@ -118,7 +125,7 @@ def read_outcome(trial: Trial, root: Path) -> Outcome | None:
 
 def _diverged(trial: Trial, root: Path) -> bool:
     """The trainer stops a run whose loss became NaN or infinite with "training diverged"
-    (largebatch_trainer.loop.DivergenceError), in its nodes' logs (lbctl's own output wraps lines)."""
+    (largebatch.errors.DivergenceError), in its nodes' logs (lbctl's own output wraps lines)."""
     logs = (trial.folder(root) / "run" / "logs").glob("*.log")
     return any(launch.DIVERGED in log.read_text(errors="replace") for log in logs)
 
@@ -171,13 +178,11 @@ def _start(document: dict, trial: Trial, root: Path, parallel: int, samples: int
     # --slots: this machine holds `parallel` runs of one node each, so each node gets its share of cores.
     command = [sys.executable, "-m", "largebatch", "run", str(job), "--local", "--run-dir", str(folder / "run"),
                "--slots", str(parallel), "--metrics-port", "0"]  # fmt: skip
-    from largebatch_trainer.lifeline import die_with_parent
-
-    sweeper = os.getpid()
+    # A proxy outliving a killed sweep would train on unseen; SIGTERM stops it as Ctrl-C would.
+    lifeline = trainer_facade.lifeline(signal.SIGTERM, os.getpid())
     with open(folder / "lbctl.log", "wb") as log:
-        # A proxy outliving a killed sweep would train on unseen; SIGTERM stops it as Ctrl-C would.
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=lambda: die_with_parent(signal.SIGTERM, sweeper))  # fmt: skip
+                                preexec_fn=lifeline)  # fmt: skip
 
 
 def best(outcomes: list[Outcome]) -> dict[int, Outcome]:
@@ -218,3 +223,103 @@ def plot(outcomes: list[Outcome], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- lbctl sweep ---------------------------------------------------------------------------------------
+
+
+def sweep_local(
+    job: Path,
+    widths: str,
+    lr: str,
+    local: bool,
+    parallel: int,
+    samples: int | None,
+    out_dir: Path | None,
+    apply: Path | None,
+) -> None:
+    """`lbctl sweep`: check the proxies and the task first, run them, write results.json and sweep.png,
+    show the table; exit 1 when a width has no finished run, else write the job with the LR (--apply)."""
+    if not local:
+        raise fail("sweeps run on this machine for now: pass --local")
+    manifest = load_job(job)
+    try:
+        width_list, lrs = parse_widths(widths), parse_grid(lr)
+    except ValueError as exc:
+        raise fail(exc) from None
+    if apply is not None:
+        check_folder("--apply", apply)
+    document = jobfile.read_document(job)
+    runs = trials(manifest.metadata.name, width_list, lrs)
+    _check_proxies(document, runs[:: len(lrs)], samples)
+    spec = manifest.spec
+    try:  # once, in seconds, rather than as many failed runs
+        trainer_facade.preflight_task(
+            spec.task.entrypoint, dict(spec.task.args) | {"width": width_list[0]}, spec.task.seed
+        )
+    except JobError as exc:
+        raise fail(exc) from None
+    root = out_dir or Path("runs") / f"sweep-{manifest.metadata.name}"
+    console.print(f"{len(runs)} proxy runs ({len(width_list)} widths × {len(lrs)} LRs), {parallel} at a time, in "
+                  f"{escape(str(root))}", soft_wrap=True)  # fmt: skip
+    outcomes = run_all(document, runs, root, parallel, samples, _say_done)
+    found = best(outcomes)
+    _write_results(outcomes, found, root, manifest.metadata.name)
+    console.print(sweep_table(outcomes, width_list, lrs, found))
+    console.print(
+        f"Results {escape(str(root / 'results.json'))}, plot {escape(str(root / 'sweep.png'))}", soft_wrap=True
+    )
+    if len(found) < len(width_list):
+        raise fail(f"no proxy run finished at width(s) {sorted(set(width_list) - set(found))}: see the logs in "
+                   f"{root}", code=1)  # fmt: skip
+    if apply is not None:
+        _apply(document, spec, found[width_list[-1]], width_list[-1], apply)
+
+
+def _check_proxies(document: dict, each_width: list[Trial], samples: int | None) -> None:
+    """Each width once: a proxy the API would refuse fails here, not later."""
+    for trial in each_width:
+        try:
+            LargeBatchJob.model_validate(proxy_document(document, trial, samples))
+        except ValueError as exc:
+            raise fail(f"the proxy at width {trial.width} is not a valid job:\n{jobfile.describe(exc)}") from None
+
+
+def _say_done(o: Outcome) -> None:
+    loss = f"{o.loss:.4f}" if o.loss is not None else o.status
+    console.print(f"  width {o.trial.width:>5}  lr {o.trial.lr:.3g}: {loss}", highlight=False)
+
+
+def _write_results(outcomes: list[Outcome], found: dict[int, Outcome], root: Path, name: str) -> None:
+    (root / "results.json").write_text(json.dumps({
+        "runs": [o.to_json() for o in outcomes],
+        "best": {str(w): o.trial.lr for w, o in found.items()},
+    }, indent=1))  # fmt: skip
+    plot(outcomes, root / "sweep.png", title=f"{name}: final loss against LR")
+
+
+def _apply(document: dict, spec, chosen: Outcome, width: int, path: Path) -> None:
+    """Write the job with the LR found at the widest proxy width (`chosen`) to `path`."""
+    path.write_text(yaml.safe_dump(transferred(document, chosen.trial.lr), sort_keys=False))
+    target = spec.task.args.get("width", "the task's default")
+    console.print(f"LR {chosen.trial.lr:.4g} (best at width {width}) written for width {target} to "
+                  f"{escape(str(path))}", soft_wrap=True)  # fmt: skip
+    if spec.task.args.get("parametrization") != "mup":
+        console.print("[yellow]note:[/] under the standard parametrization the best LR moves with width; "
+                      "set task.args.parametrization: mup for an LR that transfers")  # fmt: skip
+
+
+def sweep_table(outcomes: list[Outcome], widths: list[int], lrs: list[float], found: dict) -> Table:
+    table = Table(title="Final loss (* best at its width)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("LR", justify="right")
+    for width in widths:
+        table.add_column(f"width {width}", justify="right")
+    by = {(o.trial.width, o.trial.lr): o for o in outcomes}
+    for rate in lrs:
+        cells = []
+        for width in widths:
+            o = by[(width, rate)]
+            mark = "*" if found.get(width) is o else ""
+            cells.append(f"{o.loss:.4f}{mark}" if o.loss is not None else o.status)
+        table.add_row(f"{rate:.3g}", *cells)
+    return table

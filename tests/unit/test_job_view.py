@@ -68,7 +68,7 @@ def test_the_plan_ahead_starts_where_the_job_is():
 def test_ctrl_c_while_following_ends_the_loop_instead_of_raising_inside_it():
     """A real SIGINT in the middle of a fetch (where an HTTP call runs) sets the flag the loop reads; a
     KeyboardInterrupt raised there instead could leave a lock of rich's or the client's taken."""
-    from largebatch import cli
+    from largebatch import cluster_commands
 
     fetches = []
 
@@ -78,7 +78,7 @@ def test_ctrl_c_while_following_ends_the_loop_instead_of_raising_inside_it():
             os.kill(os.getpid(), signal.SIGINT)
         return fetches[-1:]
 
-    with cli._ctrl_c() as stop:
-        assert cli._follow(fetch, "team-a", False, stop) is None  # never ends by itself: no `until`
+    with cluster_commands.ctrl_c() as stop:
+        assert cluster_commands.follow(fetch, "team-a", False, stop) is None  # never ends by itself: no `until`
     assert len(fetches) == 2 and stop.is_set()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C raises again afterwards

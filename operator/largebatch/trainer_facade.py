@@ -1,0 +1,68 @@
+"""The one door from `largebatch` into `largebatch_trainer`. The operator side otherwise only starts the
+trainer as a process (`python -m largebatch_trainer`); two things of lbctl need it in lbctl's own
+process, and a third needs one function of it:
+
+- the local shell's and the sweep's preflight load the task here, so that a task that cannot be built is
+  refused in seconds, not in a node's log after its launches fail (or as many failed proxy runs);
+- `lbctl coord-check` runs the model at each width to measure its layers' outputs;
+- a sweep's proxy runs die with the sweep, by the trainer's own lifeline.
+
+Every import of `largebatch_trainer` is inside a function, so that `lbctl --help` and the operator do
+not load torch. Keep it that way, and add nothing here that another module could do without the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from largebatch.errors import TaskError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from largebatch.api import LargeBatchJobSpec
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The trainer's refusals as a `largebatch.errors.JobError`. The trainer is moving from raising
+    SystemExit with the sentence to raising JobError subclasses (which pass through as they are); until
+    it has, a SystemExit becomes a TaskError with the same sentence. Remove this shim once it has."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise TaskError(str(exc)) from None
+
+
+def preflight_task(entrypoint: str, args: dict, seed: int) -> None:
+    """Build the task as a worker would, and drop it: a `JobError` (TaskError) says why it cannot be."""
+    from largebatch_trainer.tasks import load_task
+
+    with _refusals():
+        load_task(entrypoint, args, seed)
+
+
+def measure_coordinates(spec: LargeBatchJobSpec, widths: list[int], steps: int) -> dict:
+    """μP's coordinate check: the mean |output| of every layer over `steps` training steps, per width. A
+    `JobError` when the task refuses a width."""
+    from largebatch_trainer import coord_check
+
+    with _refusals():
+        return coord_check.measure(spec, widths, steps)
+
+
+def plot_coordinates(table: dict, path: Path, title: str) -> None:
+    """Draw what `measure_coordinates` returned to a PNG."""
+    from largebatch_trainer import coord_check
+
+    coord_check.plot(table, path, title=title)
+
+
+def lifeline(signum: int, parent: int) -> Callable[[], None]:
+    """A `preexec_fn` for a child that is to get `signum` when `parent` exits. The trainer's module is
+    imported here, in the parent: the child runs the function between fork and exec, no place to import."""
+    from largebatch_trainer.lifeline import die_with_parent
+
+    return lambda: die_with_parent(signum, parent)
