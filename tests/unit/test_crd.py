@@ -11,7 +11,7 @@ CRD_PATH = ROOT / "crds" / crd.CRD_FILE
 
 
 def test_checked_in_crd_matches_the_models():
-    assert CRD_PATH.read_text() == crd.crd_yaml(), "crds/ drifted from largebatch/api.py: run `make crds`"
+    assert CRD_PATH.read_text() == crd.crd_yaml(), "crds/ drifted from largebatch/api/: run `make crds`"
 
 
 def _walk(node, path="$"):
