@@ -33,7 +33,8 @@ import torch.distributed as dist
 from largebatch.api import LargeBatchJob
 from largebatch_trainer import accelerator, optim
 from largebatch_trainer.data import SampleStream, to_device
-from largebatch_trainer.loop import Options, Trainer, data_parallel
+from largebatch_trainer.loop import Options, Trainer
+from largebatch_trainer.reduction import data_parallel
 from largebatch_trainer.tasks import Task, load_task
 
 # Dense bf16 tensor-core peaks (no sparsity) in TFLOP/s, from NVIDIA's data sheets, by a substring of

@@ -139,7 +139,7 @@ def lbctl(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess
 def divergences_raised(log: str) -> int:
     """How many times a worker raised the trainer's divergence error in this log (its traceback's last
     line, unindented; torchrun's failure summary repeats it indented): one unless it was restarted."""
-    return sum(line.startswith("largebatch_trainer.loop.DivergenceError: ") for line in log.splitlines())
+    return sum(line.startswith("largebatch.errors.DivergenceError: ") for line in log.splitlines())
 
 
 def resumed_steps(log: str) -> list[int]:

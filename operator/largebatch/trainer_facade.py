@@ -13,11 +13,8 @@ not load torch. Keep it that way, and add nothing here that another module could
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-from largebatch.errors import TaskError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,23 +22,11 @@ if TYPE_CHECKING:
     from largebatch.api import LargeBatchJobSpec
 
 
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """The trainer's refusals as a `largebatch.errors.JobError`. The trainer is moving from raising
-    SystemExit with the sentence to raising JobError subclasses (which pass through as they are); until
-    it has, a SystemExit becomes a TaskError with the same sentence. Remove this shim once it has."""
-    try:
-        yield
-    except SystemExit as exc:
-        raise TaskError(str(exc)) from None
-
-
 def preflight_task(entrypoint: str, args: dict, seed: int) -> None:
     """Build the task as a worker would, and drop it: a `JobError` (TaskError) says why it cannot be."""
     from largebatch_trainer.tasks import load_task
 
-    with _refusals():
-        load_task(entrypoint, args, seed)
+    load_task(entrypoint, args, seed)
 
 
 def measure_coordinates(spec: LargeBatchJobSpec, widths: list[int], steps: int) -> dict:
@@ -49,8 +34,7 @@ def measure_coordinates(spec: LargeBatchJobSpec, widths: list[int], steps: int) 
     `JobError` when the task refuses a width."""
     from largebatch_trainer import coord_check
 
-    with _refusals():
-        return coord_check.measure(spec, widths, steps)
+    return coord_check.measure(spec, widths, steps)
 
 
 def plot_coordinates(table: dict, path: Path, title: str) -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from largebatch.api import OptimizerSpec
 from largebatch_trainer import accelerator, noise, optim
 from largebatch_trainer.data import to_device
-from largebatch_trainer.loop import data_parallel
+from largebatch_trainer.reduction import data_parallel
 from largebatch_trainer.tasks import load_task
 
 pytestmark = [

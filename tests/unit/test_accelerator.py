@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from largebatch.errors import SetupError
 from largebatch_trainer import accelerator
 from largebatch_trainer.data import to_device
 from largebatch_trainer.distributed import choose_device
-from largebatch_trainer.loop import _sum_hook
+from largebatch_trainer.reduction import _sum_hook
 from tests.helpers import make_spec
 
 CPU = torch.device("cpu")
@@ -59,7 +60,7 @@ def test_batches_stay_as_they_are_on_the_cpu():
 
 
 def test_a_tpu_job_without_torch_xla_is_refused_naming_what_is_missing():
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(SetupError) as info:
         choose_device("google.com/tpu", "auto", 0)
     message = str(info.value)
     assert "torch_xla cannot be imported" in message

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from largebatch.errors import TaskError
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.tasks import Task, linreg, load_task, pylm
 from largebatch_trainer.tasks import linear_regression as linreg_module
@@ -74,5 +75,5 @@ def test_load_task_seeds_the_model_and_checks_the_type():
     b = load_task("largebatch_trainer.tasks:pylm", {"width": 16, "depth": 1, "heads": 2, "context": 8}, seed=5)
     assert isinstance(a, Task)
     torch.testing.assert_close(a.model.state_dict(), b.model.state_dict())
-    with pytest.raises(SystemExit, match="cannot be loaded"):
+    with pytest.raises(TaskError, match="cannot be loaded"):
         load_task("largebatch_trainer.tasks:nope", {}, seed=0)

@@ -9,6 +9,7 @@ import sklearn.datasets as sklearn_datasets
 import torch
 from torch import nn
 
+from largebatch.errors import TaskError
 from largebatch_trainer import optim
 from largebatch_trainer.tasks import digits_resnet as digits_module
 from largebatch_trainer.tasks import load_task
@@ -95,12 +96,12 @@ def test_accuracy_counts_right_answers_and_rises_as_the_model_learns(one_thread)
 
 def test_without_scikit_learn_the_task_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)  # as if not installed: find_spec finds nothing
-    with pytest.raises(SystemExit, match=r"pip install 'largebatch\[digits\]'"):
+    with pytest.raises(TaskError, match=r"pip install 'largebatch\[digits\]'"):
         digits_module.load(held_out=False)
-    with pytest.raises(SystemExit, match=r"largebatch\[digits\]"):
+    with pytest.raises(TaskError, match=r"largebatch\[digits\]"):
         build()
 
 
 def test_nonsense_arguments_are_refused_with_the_numbers():
-    with pytest.raises(SystemExit, match="width=0"):
+    with pytest.raises(TaskError, match="width=0"):
         build(width=0)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from largebatch.api import OptimizerSpec
+from largebatch.errors import TaskError
 from largebatch_trainer import optim
 from largebatch_trainer.tasks import load_task, pylm
 
@@ -89,7 +90,7 @@ def test_mup_scales_survive_an_optimizer_checkpoint():
     ],
 )
 def test_what_does_not_make_a_model_is_refused_with_the_argument(args, said):
-    with pytest.raises(SystemExit, match=said.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(TaskError, match=said.replace("(", r"\(").replace(")", r"\)")):
         load_task("largebatch_trainer.tasks:pylm", {"width": 32, "depth": 1, "heads": 2, "context": 8} | args, seed=0)
 
 

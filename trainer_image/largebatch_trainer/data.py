@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 
+from largebatch.errors import DataError
+
 
 class SampleStream:
     def __init__(self, size: int, seed: int):
         if size < 1:
-            raise SystemExit("the task's dataset is empty")
+            raise DataError("the task's dataset is empty")
         self.size, self.seed = size, seed
         self._perms: dict[int, torch.Tensor] = {}
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from largebatch.errors import SetupError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -35,7 +37,7 @@ def choose_device(accelerator: str, requested: str, local_rank: int) -> torch.de
     if accelerator == "google.com/tpu" and requested == "auto":
         return _xla_device()
     if not torch.cuda.is_available():
-        raise SystemExit(
+        raise SetupError(
             f"workers.accelerator is {accelerator} but this process sees no CUDA device; "
             "pass --device cpu to train on the CPU"
         )
@@ -49,7 +51,7 @@ def _xla_device() -> torch.device:
     try:
         import torch_xla.core.xla_model as xm
     except ImportError as exc:
-        raise SystemExit(
+        raise SetupError(
             f"workers.accelerator is google.com/tpu but torch_xla cannot be imported ({exc}): build the trainer "
             f"image with torch_xla[tpu] of the same version as torch ({torch.__version__.split('+')[0]}) and "
             'PJRT_DEVICE=TPU set (docs/trainer.md, "Accelerators and precision"), or pass --device cpu to '
@@ -67,3 +69,14 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
             dist.init_process_group("xla", init_method="xla://", timeout=timeout)
         else:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+
+
+def restarts_of_any_agent(own: int, device: torch.device) -> int:
+    """The most worker-group restarts any agent of the job has made. Each agent counts its own: when
+    one node's worker dies, its agent counts a restart, while a peer may see only a membership change
+    and count none; rank 0 alone would then report no restart at all."""
+    if not dist.is_initialized():
+        return own
+    count = torch.tensor([own], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())

@@ -137,7 +137,7 @@ def _run_trainer(argv: list[str], env: dict[str, str], stdout, stderr, in_sessio
 
         run()  # leaves through os._exit once the run is over
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # argparse's, or a JobError's message (main.run)
         code = _exit_code(exc.code)
     except BaseException:
         traceback.print_exc()

@@ -1,6 +1,11 @@
 """`python -m largebatch_trainer --job job.yaml` (console script `largebatch-trainer`): one training
 process, meant to run under torchrun. Settings beyond the job file come from flags or, for the
-operator and the local runner, from LARGEBATCH_* environment variables."""
+operator and the local runner, from LARGEBATCH_* environment variables.
+
+The trainer's library code raises `largebatch.errors.JobError` for what a user must fix; `run()` turns
+it into its message on stderr and exit code 1, with torchelastic's error file recorded. A
+`DivergenceError` stays an exception with its traceback, which is what the agent, the logs and the
+sweep look for."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import sys
 from pathlib import Path
 
 from largebatch import jobfile, launch
+from largebatch.errors import DivergenceError, JobError
 from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, name_process, parent_from
 from largebatch_trainer.progress import make_sink
 
@@ -94,10 +100,12 @@ def run() -> None:
     """The console script and `python -m largebatch_trainer`."""
     try:
         code = main()
-    except SystemExit as exc:
-        if isinstance(exc.code, str):  # the trainer's own refusal, with its reason
-            _record(exc)
+    except DivergenceError as exc:  # its traceback is the record a diverged run leaves (docs/trainer.md)
+        _record(exc)
         raise
+    except JobError as exc:  # the trainer's own refusal: its reason, and exit code 1
+        _record(exc)
+        raise SystemExit(str(exc)) from None
     except Exception as exc:
         _record(exc)
         raise

@@ -257,41 +257,30 @@ class LocalRun:
     # --- the record -------------------------------------------------------------------------------
 
     def record(self) -> dict:
-        """run.json: the runner's timeline plus, from the checkpoint the run ends on, the trainer's exact
-        step history and where it stands (a last report may be older or newer than that checkpoint; the
-        checkpoint is what a resumed run starts from)."""
-        saved = _last_checkpoint(self.run_dir / "checkpoints")
-        history, progress = saved.get("history", []), saved.get("progress", {})
-        samples = progress.get("samples", 0)
+        """run.json: the runner's timeline plus, from the training record rank 0 writes with each checkpoint
+        (`report.TrainingRecord`), the trainer's exact step history and where it stands (a last report may
+        be older or newer than that checkpoint; the checkpoint is what a resumed run starts from)."""
+        saved = report.read_record(self.run_dir / "checkpoints")
         shown, _ = report.read(self.report)
         return {
             "job": self.job.metadata.name,
             "totalSamples": self.spec.schedule.total_samples,
-            "samplesConsumed": samples,
-            "complete": samples >= self.spec.schedule.total_samples,
-            "finalLoss": saved.get("loss"),
+            "samplesConsumed": saved.samples,
+            "complete": saved.samples >= self.spec.schedule.total_samples,
+            "finalLoss": saved.loss,
             "evalLoss": shown.eval_loss,
             "evalAccuracy": shown.eval_accuracy,
-            "serialSteps": progress.get("step", 0),
+            "serialSteps": saved.step,
             "wallSeconds": self.state.wall_seconds,
             "sessions": self.state.sessions,
             "restarts": self.state.restarts,
             "elasticRestarts": self.state.elastic_restarts,
             "rescales": self.state.rescales,
             "sessionLog": self.state.session_log,
-            "history": [
-                {"firstStep": s, "firstSample": f, "globalBatch": b, "worldSize": w, "steps": n}
-                for s, f, b, w, n in history
-            ],
-            "evaluations": [_evaluation(e) for e in saved.get("evaluations", [])],
+            "history": [span.model_dump(by_alias=True) for span in saved.history],
+            "evaluations": [evaluation.model_dump(by_alias=True) for evaluation in saved.evaluations],
             "timeline": self.state.timeline,
         }
-
-
-def _evaluation(saved: list) -> dict:
-    """One held-out evaluation of the checkpoint: [step, samples, loss, accuracy or None]."""
-    step, samples, loss, accuracy = saved
-    return {"step": step, "samples": samples, "evalLoss": loss, "evalAccuracy": accuracy}
 
 
 def _merge(old: dict, new: dict | None) -> dict:
@@ -326,11 +315,3 @@ def _load_state(path: Path) -> RunState:
             for entry in previous.get("sessionLog", [])
         ],
     )
-
-
-def _last_checkpoint(directory: Path) -> dict:
-    """The newest intact checkpoint's payload ({} when there is none)."""
-    from largebatch_trainer import checkpoint
-
-    found = checkpoint.newest_intact(directory)
-    return found[1] if found else {}

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from largebatch.errors import JobError, TaskError
+
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
 AccuracyFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor | int, int]]
 
@@ -56,26 +58,32 @@ class Task:
 
 
 def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
-    """Import `module:callable` and build the task with every rank's RNG in the same state."""
+    """Import `module:callable` and build the task with every rank's RNG in the same state. A task that
+    cannot be built raises `largebatch.errors.TaskError` (a `JobError` the task raised itself, such as the
+    built-in tasks' refusals of their args, passes through as it is)."""
     module_name, _, attribute = entrypoint.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
+    except JobError:
+        raise
     except Exception as exc:  # ImportError, AttributeError, or whatever the module raises as it loads
-        raise SystemExit(f"task.entrypoint {entrypoint!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
+        raise TaskError(f"task.entrypoint {entrypoint!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
     torch.manual_seed(seed)
     try:
         task = factory(**args)
+    except JobError:  # already the sentence a user reads
+        raise
     except Exception as exc:  # the task's own words, whatever it raises: they are what the user needs
-        raise SystemExit(
+        raise TaskError(
             f"task.entrypoint {entrypoint!r} refused task.args {args!r}: {type(exc).__name__}: {exc}"
         ) from None
     if not isinstance(task, Task):
-        raise SystemExit(f"task.entrypoint {entrypoint!r} returned {type(task).__name__}, not a Task")
+        raise TaskError(f"task.entrypoint {entrypoint!r} returned {type(task).__name__}, not a Task")
     if not hasattr(task.dataset, "__len__"):
-        raise SystemExit(f"task.entrypoint {entrypoint!r} returned a dataset without a length: the trainer needs a "
-                         "map-style dataset (__len__ and __getitem__)")  # fmt: skip
+        raise TaskError(f"task.entrypoint {entrypoint!r} returned a dataset without a length: the trainer needs a "
+                        "map-style dataset (__len__ and __getitem__)")  # fmt: skip
     if len(task.dataset) == 0:
-        raise SystemExit(f"task.entrypoint {entrypoint!r} built an empty dataset from task.args {args!r}")
+        raise TaskError(f"task.entrypoint {entrypoint!r} built an empty dataset from task.args {args!r}")
     return task
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from largebatch.errors import TaskError
 from largebatch_trainer.tasks import Pairs, Task
 
 HELD_OUT_EVERY = 5
@@ -44,10 +45,10 @@ def bundled_file() -> Path:
     without running scikit-learn's imports."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the digits task needs scikit-learn, which is not installed: pip install 'largebatch[digits]'")
+        raise TaskError("the digits task needs scikit-learn, which is not installed: pip install 'largebatch[digits]'")
     path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     if not path.is_file():
-        raise SystemExit(f"scikit-learn has no {path}, which the digits task reads: pip install 'largebatch[digits]'")
+        raise TaskError(f"scikit-learn has no {path}, which the digits task reads: pip install 'largebatch[digits]'")
     return path
 
 

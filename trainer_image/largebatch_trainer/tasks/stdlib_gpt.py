@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from largebatch.errors import TaskError
 from largebatch_trainer.tasks import Task
 
 HELD_OUT_EVERY = 20
@@ -129,10 +130,10 @@ def build(
     baseWidth: int = 128,  # spelt as task.args spells it in the job file
 ) -> Task:
     if parametrization not in PARAMETRIZATIONS:
-        raise SystemExit(f"task.args.parametrization {parametrization!r}: use one of {', '.join(PARAMETRIZATIONS)}")
+        raise TaskError(f"task.args.parametrization {parametrization!r}: use one of {', '.join(PARAMETRIZATIONS)}")
     for name, value in (("width", width), ("baseWidth", baseWidth)):
         if value % heads:
-            raise SystemExit(f"task.args: {name} ({value}) must be a multiple of heads ({heads})")
+            raise TaskError(f"task.args: {name} ({value}) must be a multiple of heads ({heads})")
 
     def loss(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
         logits = model(batch[:, :-1])
