@@ -7,14 +7,18 @@ learning rates and run lengths; the held-out loss at the end of each run.
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/len --steps 1000 --widths 32,128 --lr 0.01 \
         --seeds 0,1,2                                                      # the run's length
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128 --seeds 0,1 \
-        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard  # the best LR's drift
+        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations standard     # the best LR's drift
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128 --seeds 0,1 \
+        --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup --variants zeroreadout,readout
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 256 --seeds 0,1 \
-        --lr 0.0036,0.0083,0.019 --parametrizations mup                    # width 256 near each best LR
+        --lr 0.0036,0.0083,0.019 --parametrizations mup --variants zeroreadout,readout  # width 256
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 256 --seeds 0,1 \
         --lr 0.0016,0.0036,0.0083 --parametrizations standard
     .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128,256 \
-        --seeds 0,1 --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard --again \
-        --plot benchmarks/mup_lr                                            # all four widths, plotted
+        --seeds 2,3 --lr 0.0083,0.019 --parametrizations mup --variants readout  # held-out seeds
+    .venv/bin/python benchmarks/mup_suspects.py --keep /tmp/grid --steps 1000 --widths 32,64,128,256 \
+        --seeds 0,1 --lr 0.0016,0.0036,0.0083,0.019,0.044 --parametrizations mup,standard --variants readout, \
+        --again --plot benchmarks/mup_lr                                  # all four widths, plotted
 
 A run is `pylm` (depth 2, 4 heads, context 64, base width 32), AdamW (no weight decay), batch 32,
 warmup 5% and cosine to 10%, as `benchmarks/mup_transfer.py` trains its proxies; the loss is on 1,024
@@ -23,8 +27,11 @@ held-out windows. Variants (joined with +):
 - `spattn`: the standard 1/√d_head attention scale instead of μP's 1/d_head;
 - `qzero`: the query's weights and bias start at zero (TP5's suggestion: uniform attention at the start);
 - `eps1e-12`: Adam's ε at 1e-12 instead of 1e-8 (the hidden layers' gradients shrink with width);
-- `readout`: the readout drawn as the standard model draws it (std 0.02; μP's output multiplier still
-  divides it by width / base width) instead of starting at zero.
+- `readout`: the readout drawn again after the model is built, as the standard model draws it (std 0.02;
+  μP's output multiplier still divides it by width / base width). μP as built drew it so only from
+  2026-12-03 on: this variant is how the drawn readout was measured while μP's readout started at zero;
+- `zeroreadout`: the readout zeroed after the model is built (TP5's choice, and μP as built until
+  2026-12-03; the kept runs of μP as built before then are relabelled so).
 Every finished run is kept in `--keep`/runs.jsonl and read back on the next call with the same folder;
 `--again` runs nothing and reports what is kept (a cell never run says so).
 With several LRs, a second table gives for each parametrization and variant the best LR at each width
@@ -53,7 +60,7 @@ from largebatch_trainer import optim
 from largebatch_trainer.tasks import pylm
 
 BASE_WIDTH, DEPTH, HEADS, CONTEXT, BATCH, EVAL_WINDOWS = 32, 2, 4, 64, 32, 1024
-VARIANTS = {"zerobias", "spattn", "qzero", "eps1e-12", "readout"}
+VARIANTS = {"zerobias", "spattn", "qzero", "eps1e-12", "readout", "zeroreadout"}
 KEY = ("parametrization", "variant", "lr")  # a row of the table
 
 
@@ -70,6 +77,8 @@ def held_out_loss(parametrization: str, width: int, lr: float, steps: int, seed:
                 p.zero_()
             if "readout" in switched and name == "head.weight":
                 p.normal_(std=0.02)
+            if "zeroreadout" in switched and name == "head.weight":
+                p.zero_()
         for block in model.blocks:
             if "spattn" in switched:
                 block.attention_scale = None
@@ -170,9 +179,9 @@ def transfer(runs: list[dict], widths: list[int]) -> list[str]:
     return lines
 
 
-def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int) -> list[Path]:
+def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int, variants: list[str]) -> list[Path]:
     """Held-out loss against the LR, a line per width (the seeds' mean; each seed a dot), one file per
-    parametrization of μP as built."""
+    parametrization, of the first of `variants` that it has runs of."""
     import matplotlib
     import matplotlib.ticker
 
@@ -181,13 +190,17 @@ def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int) -> list[
 
     written = []
     for parametrization in sorted({r["parametrization"] for r in runs}):
-        mine = [r for r in runs if r["parametrization"] == parametrization and r["variant"] == ""]
+        ran = {r["variant"] for r in runs if r["parametrization"] == parametrization}
+        variant = next((v for v in variants if v in ran), None)
+        if variant is None:
+            continue
+        mine = [r for r in runs if r["parametrization"] == parametrization and r["variant"] == variant]
         fig, ax = plt.subplots(figsize=(6, 4))
         for width in widths:
             at = sorted({r["lr"] for r in mine if r["width"] == width})
             if not at:
                 continue
-            means = [mean_loss(mine, (parametrization, "", lr, width)) for lr in at]
+            means = [mean_loss(mine, (parametrization, variant, lr, width)) for lr in at]
             (line,) = ax.plot(
                 at, [m if math.isfinite(m) else math.nan for m in means], marker="o", label=f"width {width}"
             )
@@ -199,6 +212,7 @@ def plot(runs: list[dict], widths: list[int], prefix: Path, steps: int) -> list[
         ax.set_ylabel(f"held-out loss after {steps:,} steps")
         seeds = sorted({r["seed"] for r in mine})
         name = f"μP, base width {BASE_WIDTH}" if parametrization == "mup" else "standard parametrization"
+        name += f" ({variant})" if variant else ""
         ax.set_title(f"{name}: {len(seeds)} seeds' mean (dots: each seed)")
         ax.grid(True, alpha=0.3)
         ax.legend()
@@ -255,7 +269,9 @@ def main() -> None:
     if len(args.lr.split(",")) > 1:
         print("\n" + "\n".join(transfer(runs, widths)))
     if args.plot:
-        print("\n".join(f"wrote {path}" for path in plot(runs, widths, args.plot, args.steps)))
+        print(
+            "\n".join(f"wrote {path}" for path in plot(runs, widths, args.plot, args.steps, args.variants.split(",")))
+        )
 
 
 if __name__ == "__main__":

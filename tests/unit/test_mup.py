@@ -1,4 +1,4 @@
-"""μP for the built-in language model: the model mup sees (width dimensions marked, zero readout, 1/d
+"""μP for the built-in language model: the model mup sees (width dimensions marked, drawn readout, 1/d
 attention, fan-in initialisation), the per-layer learning rates each optimizer gets from mup's rules,
 and what is refused."""
 
@@ -26,7 +26,7 @@ def test_the_mup_model_marks_its_widths_and_starts_the_mup_way():
     shapes = {name: p.infshape for name, p in model.named_parameters()}
     assert shapes["blocks.0.qkv.weight"].ninf() == 2 and shapes["blocks.0.qkv.weight"].width_mult() == 4
     assert shapes["tokens.weight"].ninf() == 1 and shapes["head.weight"].ninf() == 1
-    assert torch.count_nonzero(model.head.weight) == 0  # readout starts at zero
+    assert model.head.weight.std().item() == pytest.approx(0.02, rel=0.1)  # readout drawn, as mup's default
     assert model.blocks[0].attention_scale == pytest.approx(math.sqrt(16 / 2) / (64 / 2))  # 1/d, = 1/√d at base
     # Hidden matrices narrow with fan-in (std 0.02 / √4 here), embeddings keep theirs.
     assert model.blocks[0].qkv.weight.std().item() == pytest.approx(0.01, rel=0.1)
@@ -102,15 +102,15 @@ which is what μP holds in place across widths."""
 
 
 def trained_loss(
-    parametrization: str, width: int, lr: float, steps: int = 40, seed: int = 0, readout_std: float = 0.0
+    parametrization: str, width: int, lr: float, steps: int = 40, seed: int = 0, zero_readout: bool = False
 ) -> float:
     """Mean training loss over the last 10 of `steps` AdamW steps (warmup 5), a tiny pylm, base width 16;
-    `readout_std` > 0 draws μP's readout instead of leaving it at zero (`benchmarks/mup_readout.py`)."""
+    `zero_readout` zeroes μP's readout after the model is built (TP5's choice; `benchmarks/mup_readout.py`)."""
     torch.manual_seed(seed)
     task = pylm(width=width, depth=1, heads=2, context=16, parametrization=parametrization, baseWidth=16)
-    if readout_std:
+    if zero_readout:
         with torch.no_grad():
-            task.model.head.weight.normal_(std=readout_std)
+            task.model.head.weight.zero_()
     optimizer = optim.build(OptimizerSpec(name="adamw", lr=lr), task.model)
     samples = torch.Generator().manual_seed(seed)
     losses = []
@@ -132,8 +132,10 @@ def best_grid_step(parametrization: str, width: int) -> int:
 
 
 def test_the_best_lr_moves_with_width_under_standard_and_stays_under_mup():
-    """8× the width, seed 0; seeds 1-3, run afterwards to check seed 0 was not luck, agree (benchmarks/README.md,
-    μTransfer): μP's best LR stays on its grid step on each, the standard parametrization's falls one or two."""
+    """8× the width, seed 0. In runs this short the best LR is the edge of stable training: the standard
+    parametrization's falls as the width grows; μP's stays within one grid step (×3), where its drawn
+    readout's first steps put it one step up on three of four seeds (`benchmarks/mup_readout.py`; at
+    1,000 steps it holds, benchmarks/README.md, "Why μP seemed not to transfer")."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same sums on any machine, and no time lost to thread handoffs
     try:
@@ -141,5 +143,5 @@ def test_the_best_lr_moves_with_width_under_standard_and_stays_under_mup():
         mup = best_grid_step("mup", 128) - best_grid_step("mup", 16)
     finally:
         torch.set_num_threads(threads)
-    assert mup == 0, f"μP's best LR moved {mup:+d} grid steps (×3 each) from width 16 to 128"
+    assert mup in (0, 1), f"μP's best LR moved {mup:+d} grid steps (×3 each) from width 16 to 128"
     assert standard <= -1, f"the standard parametrization's best LR moved {standard:+d} grid steps, expected down"

@@ -6,7 +6,9 @@ Parametrization (`task.args.parametrization`): `standard` (GPT-2's) or `mup`, th
 parametrization of Tensor Programs V through the `mup` package, so that hyperparameters tuned on a
 narrow model (`lbctl sweep`) carry over to a wide one. Under μP, against the base width
 `task.args.baseWidth` (where the two parametrizations are the same model):
-- the output layer is mup's `MuReadout` (its logits divided by width / baseWidth), initialised to zero;
+- the output layer is mup's `MuReadout` (its logits divided by width / baseWidth), drawn as the standard
+  model's (std 0.02, mup's default) rather than zeroed: at 1,000 steps the zero readout left the wide
+  models behind (benchmarks/README.md, "Why μP seemed not to transfer");
 - attention scores are scaled by 1/d_head (times sqrt(d_head at the base width)), not 1/sqrt(d_head):
   query and key become correlated during training, so their dot product grows like d_head;
 - hidden matrices are drawn with variance ∝ 1/fan-in (mup.init), embeddings with a constant one;
@@ -90,7 +92,7 @@ class GPT(nn.Module):
 
     def __init__(self, width: int, depth: int, heads: int, context: int, base_width: int | None = None):
         super().__init__()
-        self.depth, self.readout_zero = depth, base_width is not None
+        self.depth = depth
         # μP: 1/d_head, equal to standard attention's 1/sqrt(d_head) at the base width.
         scale = math.sqrt(base_width // heads) / (width // heads) if base_width else None
         self.tokens = Tokens(256, width)
@@ -100,7 +102,7 @@ class GPT(nn.Module):
         if base_width:
             from mup import MuReadout
 
-            self.head = MuReadout(width, 256, bias=False, readout_zero_init=True)
+            self.head = MuReadout(width, 256, bias=False)
         else:
             self.head = nn.Linear(width, 256, bias=False)
             self.initialise(nn.init.normal_)
@@ -109,7 +111,7 @@ class GPT(nn.Module):
         """GPT-2's initialisation (residual projections scaled down with depth) with `normal_`: torch's,
         or mup's, which narrows matrices as their fan-in grows past the base width."""
         for name, p in self.named_parameters():
-            if p.dim() < 2 or (name == "head.weight" and self.readout_zero):
+            if p.dim() < 2:
                 continue
             std = 0.02 / math.sqrt(2 * self.depth) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
             normal_(p, std=std)
