@@ -24,6 +24,8 @@ How a pod becomes a process (see README.md):
   so this stands in for a private registry refusing the pull).
 - An API server that is away (stopped, or answering 5xx while etcd is): tried again every 0.2 s, as a
   kubelet does; what that raised is kept in `unavailable`, apart from `errors`, which tests expect empty.
+- A pod held still (`paused`): the processes its container started (a worker's trainers) are stopped
+  (SIGSTOP) inside the block and go on after it.
 - A node lost (`lose_node`): its pods' processes are frozen (SIGSTOP) until the runner stops, nothing of
   them is reported and nothing more is started on the node: a machine that lost its power or its
   network answers nothing, not even with a reset, and its peers learn of it only from their own
@@ -39,6 +41,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +122,24 @@ class PodRunner:
         for pod in alive.values():
             if pod.spec.node_name and pod.spec.node_name not in self.lost_nodes and pod.metadata.uid not in self._uids:
                 self._start(self.core.api_client.sanitize_for_serialization(pod))
+
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """Hold the processes pod `name`'s container started still (SIGSTOP) inside the block, then let them
+        go on (SIGCONT): for a test that must leave part of a run for after an outage, however fast this
+        machine trains. The container's own process (a worker's torchrun agent) keeps running: stopped, it
+        would miss its rendezvous heartbeats and its peers would count it gone."""
+        with self._lock:
+            run = self.running[name]
+            processes = descendants(run.process.pid)  # trainers: sessions of their own
+        for process in processes:
+            os.kill(process, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process, signal.SIGCONT)
 
     def lose_node(self, node: str) -> list[str]:
         """Freeze the processes of the pods on `node` (see the module's docstring); their pods' names."""
