@@ -12,11 +12,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from largebatch import jobfile, timestamps
 from largebatch.api import LargeBatchJob, LargeBatchJobStatus, RescalesStatus
 from largebatch.tables import jobs_table, plan_table
-from largebatch.terminal import console, fail, load_job
+from largebatch.terminal import console, fail, load_job, print_whole
 
 
 def submit(path: Path, namespace: str | None, context: str | None, detach: bool, local_only: dict) -> None:
@@ -122,7 +123,7 @@ def status(
         with ctrl_c() as stop:
             follow(fetch, ns, output == "wide", stop)  # until Ctrl-C, which stops following; the jobs go on
     else:
-        console.print(jobs_table(fetch(), ns, output == "wide"))
+        print_whole(jobs_table(fetch(), ns, output == "wide"))
 
 
 def describe(name: str, namespace: str | None, context: str | None) -> None:
@@ -143,6 +144,10 @@ def describe(name: str, namespace: str | None, context: str | None) -> None:
         f"noise scale {c['NOISE']}",
         f"batch {c['BATCH']}, micro-batch × accumulation {c['MICRO×ACC']}, lr {c['LR']} ({c['POLICY']})",
     ]
+    if status.allocation:
+        share = status.allocation
+        lines.append(f"priority {c['PRIORITY']}, allocated {c['ALLOCATED']} workers (given/wanted)"
+                     + (f" since {share.time}: {escape(share.reason)}" if share.reason else ""))  # fmt: skip
     held_out = status.progress
     if held_out and held_out.eval_loss is not None:
         accuracy = held_out.eval_accuracy

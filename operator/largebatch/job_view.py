@@ -11,7 +11,7 @@ from largebatch import plan_report, timestamps
 from largebatch.api import LargeBatchJob, LargeBatchJobStatus, PlanStatus, ProgressStatus, WorkersStatus
 
 COLUMNS = ["NAME", "PHASE", "WORKERS", "BATCH", "MICRO×ACC", "LR", "STEP", "SAMPLES/S", "LOSS", "NOISE", "AGE"]
-WIDE_COLUMNS = ["NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "RESCALES"]
+WIDE_COLUMNS = ["NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "PRIORITY", "ALLOCATED", "RESCALES"]
 MISSING = "-"
 
 
@@ -50,9 +50,19 @@ def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list
         "POLICY": plan.policy_phase or MISSING,
         "SAMPLES": _number(progress.samples, ","),
         "CAPACITY": _number(status.capacity, "d"),
+        "PRIORITY": str(job.get("spec", {}).get("priority", 0)),
+        "ALLOCATED": _allocated(status),
         "RESCALES": _number(status.rescales.count if status.rescales else None, "d"),
     }
     return [cells[c] for c in (WIDE_COLUMNS if wide else COLUMNS)]
+
+
+def _allocated(status: LargeBatchJobStatus) -> str:
+    """The job's share of the shared accelerators against what its batch can use: `2/8` workers."""
+    share = status.allocation
+    if share is None:
+        return MISSING
+    return f"{_number(share.workers, 'd')}/{_number(share.demand, 'd')}"
 
 
 def plan_ahead(job: dict[str, Any]) -> plan_report.PlanReport:

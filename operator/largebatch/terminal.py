@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 
 from largebatch import caveats, jobfile
 from largebatch.api import LargeBatchJob
@@ -16,6 +17,16 @@ from largebatch.api import LargeBatchJob
 # terminal into pieces, with newlines inside it, that no longer paste into a shell.
 console = Console()
 errors = Console(stderr=True)
+
+
+def print_whole(renderable) -> None:
+    """Print on stdout; into a pipe or a file as wide as it takes to keep every cell whole (as kubectl
+    prints), where rich would cut cells to 80 columns: a script must not read "test-status-sh…"."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    needed = Measurement.get(console, console.options.update_width(1 << 16), renderable).maximum
+    Console(file=console.file, width=max(console.width, needed)).print(renderable)
 
 
 def fail(message: object, code: int = 2) -> typer.Exit:

@@ -151,9 +151,9 @@ def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, lo
         time.sleep(0.5)
 
 
-def history(tmp_path) -> list[list[int]]:
+def history(tmp_path, claim: str = "checkpoints") -> list[list[int]]:
     """The step history in the newest checkpoint on the shared claim, read on the host."""
-    return helpers.newest_history(tmp_path / "pods" / "pvc-checkpoints")
+    return helpers.newest_history(tmp_path / "pods" / f"pvc-{claim}")
 
 
 def contiguous(runs: list[list[int]], total: int) -> bool:

@@ -21,6 +21,8 @@ STATUS = {
     "phase": "Running",
     "workers": {"desired": 4, "ready": 2, "pending": 2},
     "capacity": 2,
+    "allocation": {"workers": 2, "demand": 4, "time": "2026-12-03T10:00:00Z",
+                   "reason": "4 → 2 workers (−2 GPUs) to team-b/urgent (batch 4,096): higher priority"},
     "plan": {"globalBatch": 512, "microBatch": 256, "accumulationSteps": 1, "worldSize": 2, "lr": 0.0014,
              "policyPhase": "cut 1/4"},
     "progress": {"step": 9000, "samples": 14_000_000, "loss": 2.25, "noiseScale": 700.0, "samplesPerSecond": 5000.0},
@@ -67,6 +69,10 @@ def test_status_shows_the_numbers_of_each_job(running_job):
     assert row[:8] == ["pylm-seesaw", "Running", "2/4", "512", "256×1", "0.0014", "9,000", "5,000"]
     wide = lbctl("status", "-A", "-o", "wide", kubeconfig=cluster.kubeconfig)
     assert namespace in wide.stdout and "cut 1/4" in wide.stdout
+    header = next(line.split() for line in wide.stdout.splitlines() if "ALLOCATED" in line)
+    row = next(line.split() for line in wide.stdout.splitlines() if "pylm-seesaw" in line)
+    at = {name: i - len(header) for i, name in enumerate(header)}  # from the end: "cut 1/4" is two words
+    assert (row[at["PRIORITY"]], row[at["ALLOCATED"]]) == ("0", "2/4")
     as_json = json.loads(
         lbctl("status", "pylm-seesaw", "-n", namespace, "-o", "json", kubeconfig=cluster.kubeconfig).stdout
     )
@@ -84,6 +90,8 @@ def test_describe_shows_the_plan_ahead_rescales_conditions_and_events(running_jo
     assert "1 → 2 workers" in out and "CapacityLimited" in out
     assert "batch 1024 needs 4 workers, 2 fit: accumulation 2" in out  # the condition
     assert "batch 512 needs 2 workers, 2 fit: accumulation 1" in out  # the Event
+    assert "priority 0, allocated 2/4 workers (given/wanted) since 2026-12-03T10:00:00Z: 4 → 2 workers" in out
+    assert "team-b/urgent (batch 4,096): higher priority" in out
 
 
 def test_clear_answers_when_the_job_or_the_cluster_is_missing(crd, namespace, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from largebatch import crd
+from largebatch.kube import world
 from tests.cluster.cluster import tools
 from tests.helpers import ROOT
 
@@ -71,6 +72,14 @@ def test_the_deployment_runs_the_operator_as_non_root_with_peering(helm):
     assert env["LARGEBATCH_LIVENESS_ENDPOINT"] == f"http://0.0.0.0:{health}/healthz"
     assert env["LARGEBATCH_PEERING"] == "lb-operator" and env["LARGEBATCH_WATCH_NAMESPACES"] == ""
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "ClusterKopfPeering"] == ["lb-operator"]
+    assert env["LARGEBATCH_SHARED_NODES"] == ""
+
+
+def test_the_shared_nodes_reach_the_operator_as_one_selector(helm):
+    documents = render(helm, "--set", "operator.sharedNodes.pool=gpu", "--set", "operator.sharedNodes.zone=a")
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert world.parse_selector(env["LARGEBATCH_SHARED_NODES"]) == {"pool": "gpu", "zone": "a"}
 
 
 def test_every_name_fits_a_dns_label_for_the_longest_release_name(helm):

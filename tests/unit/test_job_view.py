@@ -41,6 +41,11 @@ def test_a_row_has_the_numbers_that_matter():
     }  # fmt: skip
     wide = dict(zip(job_view.WIDE_COLUMNS, job_view.row(job_object(RUNNING), NOW, wide=True), strict=True))
     assert (wide["NAMESPACE"], wide["POLICY"], wide["CAPACITY"], wide["RESCALES"]) == ("team-a", "cut 2/4", "2", "3")
+    assert (wide["PRIORITY"], wide["ALLOCATED"]) == ("0", "-")
+    shared = job_object(RUNNING | {"allocation": {"workers": 2, "demand": 8}})
+    shared["spec"]["priority"] = 5
+    wide = dict(zip(job_view.WIDE_COLUMNS, job_view.row(shared, NOW, wide=True), strict=True))
+    assert (wide["PRIORITY"], wide["ALLOCATED"]) == ("5", "2/8")
 
 
 def test_a_new_job_shows_dashes_not_errors():
@@ -82,3 +87,19 @@ def test_ctrl_c_while_following_ends_the_loop_instead_of_raising_inside_it():
         assert cluster_commands.follow(fetch, "team-a", False, stop) is None  # never ends by itself: no `until`
     assert len(fetches) == 2 and stop.is_set()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C raises again afterwards
+
+
+def test_into_a_pipe_the_jobs_table_keeps_every_cell_whole(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from largebatch import tables, terminal
+
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "console", Console(file=out, width=80))  # not a terminal: 80 columns
+    long = job_object(RUNNING)
+    long["metadata"]["namespace"] = "a-namespace-with-a-name-as-long-as-a-test-function-gives-it"
+    terminal.print_whole(tables.jobs_table([long, job_object(RUNNING)], None, wide=True))
+    assert long["metadata"]["namespace"] in out.getvalue() and "cut 2/4" in out.getvalue()
+    assert "…" not in out.getvalue()

@@ -1,5 +1,5 @@
 """The operator's metrics follow the jobs' statuses: phases counted, each job's phase, workers and worker
-restarts, capped jobs, decisions by job and reason, and a deleted job's series gone."""
+restarts, capped jobs, shares against demands, decisions by job and reason, and a deleted job's series gone."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def test_jobs_by_phase_workers_and_capped_jobs():
     a = {"namespace": "ns", "job_name": "a"}
     metrics.record("ns", "a", {"phase": "Running", "workers": {"desired": 4, "ready": 2, "pending": 2, "restarts": 3},
                                "conditions": [limited]})  # fmt: skip
-    metrics.record("ns", "b", {"phase": "Running", "workers": {"desired": 1, "ready": 1, "pending": 0}})
+    metrics.record("ns", "b", {"phase": "Running", "workers": {"desired": 1, "ready": 1, "pending": 0},
+                               "allocation": {"workers": 1, "demand": 4}})  # fmt: skip
     metrics.record("other", "c", {"phase": "Succeeded", "conditions": [limited]})  # over: not capped any more
     assert value(metrics, "largebatch_operator_jobs", phase="Running") == 2
     assert value(metrics, "largebatch_operator_jobs", phase="Succeeded") == 1
@@ -28,6 +29,10 @@ def test_jobs_by_phase_workers_and_capped_jobs():
     assert value(metrics, "largebatch_operator_job_capacity_limited", **a) == 1
     assert value(metrics, "largebatch_operator_job_capacity_limited", namespace="other", job_name="c") == 0
     assert value(metrics, "largebatch_operator_capacity_limited_jobs") == 1
+    b = {"namespace": "ns", "job_name": "b"}
+    assert value(metrics, "largebatch_operator_job_allocation_workers", **b, kind="allocated") == 1
+    assert value(metrics, "largebatch_operator_job_allocation_workers", **b, kind="demand") == 4
+    assert value(metrics, "largebatch_operator_job_allocation_workers", **a, kind="demand") is None  # no share
 
     metrics.decided("ns", "a", "Grow")
     metrics.decided("ns", "b", "Grow")
@@ -49,3 +54,5 @@ def test_jobs_by_phase_workers_and_capped_jobs():
         assert value(metrics, name, **a, **labels) is None, name
     assert value(metrics, "largebatch_operator_scale_decisions_total", namespace="ns", job_name="b", reason="Grow") == 1
     assert value(metrics, "largebatch_operator_jobs", phase="Scaling") == 0
+    metrics.record("ns", "b", {"phase": "Succeeded"})  # out of the allocation: its share goes
+    assert value(metrics, "largebatch_operator_job_allocation_workers", **b, kind="allocated") is None

@@ -87,3 +87,12 @@ LargeBatchOperatorDown alert looks for that job. */}}
 {{- define "largebatch.metricsService" -}}
 {{ include "largebatch.childName" (list . "metrics") }}
 {{- end -}}
+
+{{/* operator.sharedNodes as LARGEBATCH_SHARED_NODES: `key=value,key=value`, keys in order. */}}
+{{- define "largebatch.sharedNodes" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := .Values.operator.sharedNodes -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -53,12 +53,14 @@ from largebatch.api.spec import (  # noqa: F401
     ScheduleSpec,
 )
 from largebatch.api.status import (  # noqa: F401
+    AllocationStatus,
     Condition,
     LargeBatchJobStatus,
     PlanStatus,
     ProgressStatus,
     Rescale,
     RescalesStatus,
+    Throughput,
     WorkersStatus,
 )
 from largebatch.api.workers import (  # noqa: F401

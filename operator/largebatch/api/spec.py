@@ -140,6 +140,12 @@ class LargeBatchJobSpec(_Model):
     """Checkpointing."""
     metrics: MetricsSpec = _sub(MetricsSpec)
     """Metrics endpoint."""
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    """Where the job stands when jobs share too few accelerators (the operator's allocator, higher first):
+    a job of higher priority gets every accelerator it can use before a lower one gets more than its
+    `workers.min`, and its `workers.min` before a lower one keeps its own. Jobs of one priority each get
+    a fair share (docs/operations.md, "Priorities and fair shares"). It orders LargeBatchJobs among
+    themselves only; `workers.pod.priorityClassName` is what the scheduler sees."""
     suspend: bool = False
     """Stop training for now: the workers checkpoint (SIGTERM) and are removed. Set back to false to
     resume at the exact sample."""

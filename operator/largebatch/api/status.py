@@ -124,6 +124,30 @@ class RescalesStatus(_Model):
     """The last few, oldest first."""
 
 
+class AllocationStatus(_Model):
+    """The operator's share of the cluster's accelerators for this job (its allocator)."""
+
+    workers: int | None = Field(default=None, ge=0)
+    """Most workers the allocator gives the job now; the job's own decision stays within it."""
+    demand: int | None = Field(default=None, ge=0)
+    """Workers the job's batch can use now (accumulation 1), within workers.min..max."""
+    reason: str | None = Field(default=None, max_length=1024)
+    """Why the allocation last moved, with the jobs on the other side of the move."""
+    time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the allocation last moved."""
+
+
+class Throughput(_Model):
+    """Training throughput seen at one worker count."""
+
+    workers: int = Field(ge=1)
+    """Workers that trained."""
+    batch: int = Field(ge=1)
+    """Global batch they trained at."""
+    samples_per_second: float = Field(ge=0.0)
+    """Samples per second rank 0 reported."""
+
+
 class LargeBatchJobStatus(_Model):
     """Observed state of a LargeBatchJob; the operator's memory across restarts."""
 
@@ -143,6 +167,11 @@ class LargeBatchJobStatus(_Model):
     """Progress reported by rank 0."""
     rescales: RescalesStatus | None = None
     """Changes of the worker count."""
+    allocation: AllocationStatus | None = None
+    """The job's share of the accelerators the operator allocates across jobs."""
+    throughput: list[Throughput] = Field(default_factory=list, max_length=16)
+    """The latest throughput at each worker count the job ran at: the allocator's model of what
+    another worker would give it."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
     """Conditions."""
     start_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})

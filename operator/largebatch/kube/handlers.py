@@ -1,8 +1,9 @@
 """The kopf handlers: each calls `reconcile` and hands the status changes to kopf. A timer runs
 the reconcile of every job once a second, which also notices what the job's pods and the trainer's
-reports did in between; a change of the job itself triggers one at once. The jobs' pods are watched
-into a kopf index that reconciles read; nodes are watched only to learn when one offers more, so that
-a capacity-limited job can grow at once."""
+reports did in between; a change of the job itself triggers one at once. The jobs, their pods and the
+pods that hold accelerators are watched into kopf indices that reconciles read; nodes are watched for
+what they offer. From those, one allocation across all jobs (`kube.sharing`), recomputed at most once
+per reconcile interval and at once when a node changes, gives each job's reconcile its share."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import time
 import kopf
 
 from largebatch import api, timestamps
-from largebatch.kube import metrics, watchdog, world
+from largebatch.kube import metrics, sharing, watchdog, world
 from largebatch.kube.manifests import JOB_LABEL
 from largebatch.kube.reconcile import Apis, Settings, reconcile
 
@@ -27,6 +28,8 @@ SETTINGS = Settings(
 )
 INTERVAL = float(os.environ.get("LARGEBATCH_RECONCILE_SECONDS", "1"))
 METRICS_PORT = int(os.environ.get("LARGEBATCH_OPERATOR_METRICS_PORT", "9300"))
+SHARED_NODES = world.parse_selector(os.environ.get("LARGEBATCH_SHARED_NODES", ""))
+"""Labels of the nodes whose accelerators the jobs share (docs/operations.md); every node's without."""
 
 METRICS = metrics.OperatorMetrics()
 NODES = world.NodeOffers()
@@ -68,7 +71,40 @@ TRAINER_FIELDS = ("progress", "plan")
 """Status fields rank 0 writes; every other one is the operator's."""
 
 
-def _run(body, patch, job_pods: kopf.Index) -> None:
+class _Sharing:
+    """The last allocation across jobs, and when it was made: every job's reconcile reads it, and the
+    first one after it is older than the reconcile interval (or than a node's change), or that of a job
+    it did not see (a new one: it must not start uncapped), makes a new one."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.made_at = -float("inf")
+        self.made_wall = None
+        self.considered: set[str] = set()
+        self.shares: dict[str, sharing.Share] = {}
+
+    def share(self, name: str, jobs: kopf.Index, job_pods: kopf.Index, accelerator_pods: kopf.Index):
+        with self.lock:
+            stale = NODES.changed_at is not None and (self.made_wall is None or NODES.changed_at > self.made_wall)
+            if time.perf_counter() - self.made_at >= INTERVAL or stale or name not in self.considered:
+                every = list(jobs.get(JOBS_KEY, []))
+                self.made_at, self.made_wall = time.perf_counter(), timestamps.now()
+                self.considered = {f"{j['metadata'].get('namespace')}/{j['metadata']['name']}" for j in every}
+                self.shares = sharing.shares(
+                    every,
+                    job_pods,
+                    NODES.offered(SHARED_NODES),
+                    list(accelerator_pods.get(JOBS_KEY, [])),
+                    SETTINGS.restart_seconds,
+                )
+            return self.shares.get(name)
+
+
+SHARING = _Sharing()
+JOBS_KEY = "all"
+
+
+def _run(body, patch, job_pods: kopf.Index, jobs: kopf.Index, accelerator_pods: kopf.Index) -> None:
     def emit(kind: str, reason: str, message: str) -> None:
         (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
 
@@ -87,7 +123,8 @@ def _run(body, patch, job_pods: kopf.Index) -> None:
             if started - written_at < BODY_LAG_SECONDS:
                 status |= written
             pods = list(job_pods.get((namespace, name), []))
-            done = reconcile(dict(body) | {"status": status}, _apis(), SETTINGS, emit, NODES.changed_at, pods)
+            share = SHARING.share(f"{namespace}/{name}", jobs, job_pods, accelerator_pods)
+            done = reconcile(dict(body) | {"status": status}, _apis(), SETTINGS, emit, NODES.changed_at, pods, share)
             _WRITTEN[uid] = (time.perf_counter(), {k: v for k, v in done.status.items() if k not in TRAINER_FIELDS})
         except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
             METRICS.reconcile_errors.inc()
@@ -109,15 +146,36 @@ async def job_pods(namespace, labels, body, **_):
     return {(namespace, labels[JOB_LABEL]): dict(body)}
 
 
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+async def jobs(body, **_):
+    """Every job, for the allocation across jobs."""
+    return {JOBS_KEY: dict(body)}
+
+
+def _holds_accelerators(spec, **_) -> bool:
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        if any("/" in name for part in ("requests", "limits") for name in resources.get(part) or {}):
+            return True
+    return False
+
+
+@kopf.index("", "v1", "pods", when=_holds_accelerators)
+async def accelerator_pods(body, **_):
+    """Pods that ask for an extended resource (an accelerator), the jobs' workers among them: what they
+    hold is not free for the jobs' shares."""
+    return {JOBS_KEY: dict(body)}
+
+
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=INTERVAL)
-def tick(body, patch, job_pods: kopf.Index, **_) -> None:
-    _run(body, patch, job_pods)
+def tick(body, patch, job_pods: kopf.Index, jobs: kopf.Index, accelerator_pods: kopf.Index, **_) -> None:
+    _run(body, patch, job_pods, jobs, accelerator_pods)
 
 
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def changed(body, patch, job_pods: kopf.Index, **_) -> None:
-    _run(body, patch, job_pods)
+def changed(body, patch, job_pods: kopf.Index, jobs: kopf.Index, accelerator_pods: kopf.Index, **_) -> None:
+    _run(body, patch, job_pods, jobs, accelerator_pods)
 
 
 # optional: no finalizer of its own (the timer has one: kopf stops it before the job goes)

@@ -1,7 +1,8 @@
 """The operator's own Prometheus metrics (the trainers export theirs): jobs by phase, each job's phase,
-workers, worker restarts, whether the cluster is capping it and the scale decisions made for it, and how
-long a reconcile takes. Per-job series carry `namespace` and `job_name`, as the trainers' do, so that
-one selector reaches both. `serve(port)` exposes them on `/metrics`."""
+workers, worker restarts, whether the cluster is capping it, its share of the accelerators against its
+demand, the scale decisions made for it, and how long a reconcile takes. Per-job series carry
+`namespace` and `job_name`, as the trainers' do, so that one selector reaches both. `serve(port)` exposes
+them on `/metrics`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from largebatch.controller import Kind
 
 PHASES = ("Pending", "Running", "Scaling", "Suspended", "Succeeded", "Failed")
 WORKER_STATES = ("desired", "ready", "pending")
+ALLOCATION_KINDS = {"allocated": "workers", "demand": "demand"}
+"""The allocation gauge's `kind` label → the status.allocation field it shows."""
 JOB = ["namespace", "job_name"]
 
 
@@ -52,6 +55,13 @@ class OperatorMetrics:
             "Jobs running fewer workers than their batch wants because the cluster cannot place more",
             registry=r,
         )
+        self.allocation = Gauge(
+            "largebatch_operator_job_allocation_workers",
+            "A job's share of the accelerators shared across jobs: allocated (most workers the allocator gives "
+            "it) and demand (workers its batch can use now)",
+            [*JOB, "kind"],
+            registry=r,
+        )
         self.decisions = Counter(
             "largebatch_operator_scale_decisions",
             "Decisions that changed a job's number of workers, by reason (the controller's kind)",
@@ -84,6 +94,12 @@ class OperatorMetrics:
             c.get("type") == "CapacityLimited" and c.get("status") == "True" for c in status.get("conditions") or []
         )
         self.job_capacity_limited.labels(namespace, name).set(1 if limited else 0)
+        allocation = status.get("allocation") or {}
+        for kind, key in ALLOCATION_KINDS.items():
+            if allocation.get(key) is not None:
+                self.allocation.labels(namespace, name, kind).set(allocation[key])
+            else:
+                self._remove(self.allocation, namespace, name, kind)
         self._jobs[namespace, name] = (phase, limited)
         self._totals()
 
@@ -100,14 +116,19 @@ class OperatorMetrics:
             (self.decisions, [kind.value for kind in Kind]),
             (self.worker_restarts, [None]),
             (self.job_capacity_limited, [None]),
+            (self.allocation, list(ALLOCATION_KINDS)),
         ]
         for family, last_labels in per_job:
             for last in last_labels:
-                try:
-                    family.remove(namespace, name, *([] if last is None else [last]))
-                except KeyError:  # a series the job never had
-                    pass
+                self._remove(family, namespace, name, *([] if last is None else [last]))
         self._totals()
+
+    @staticmethod
+    def _remove(family, *labels: str) -> None:
+        try:
+            family.remove(*labels)
+        except KeyError:  # a series the job never had
+            pass
 
     def _totals(self) -> None:
         for phase in PHASES:

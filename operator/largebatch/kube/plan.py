@@ -14,22 +14,26 @@ removes the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from largebatch import caveats, controller, launch, report, timestamps
 from largebatch.api import (
+    AllocationStatus,
     Condition,
     LargeBatchJob,
     LargeBatchJobSpec,
     LargeBatchJobStatus,
     ProgressStatus,
     RescalesStatus,
+    Throughput,
     WorkersStatus,
 )
 from largebatch.kube import manifests, world
 from largebatch.kube.manifests import ROLE_LABEL, Names
+from largebatch.kube.sharing import Share
 
 Blocked = tuple[str, str]
 """(reason, message): why workers cannot start, which the CRD cannot judge."""
@@ -67,6 +71,8 @@ class Seen:
     """When a node last offered more: a capacity-limited job measured before then tries to grow at once."""
     claim_found: bool | None = None
     """Whether `checkpoint.claimName` exists; None until a plan that creates workers asks."""
+    share: Share | None = None
+    """The job's share of the accelerators the jobs share (`kube.sharing`); None when it takes no part."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,7 @@ def plan(seen: Seen, settings: Settings) -> Actions:
     job, spec = seen.job, seen.job.spec
     out = _Status(seen.status, timestamps.stamp(seen.now), seen.generation, job.metadata.namespace or "")
     out.set(observed_generation=seen.generation)
+    _allocation(seen, out)
     if seen.status.phase in ("Succeeded", "Failed"):
         return out.actions(delete=_not_deleting(seen.pods))
     progress = seen.status.progress or ProgressStatus()
@@ -230,6 +237,7 @@ def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods)
         config = (manifests.job_config(job, uid), *manifests.trainer_rbac(job, uid))
         objects = (*config, manifests.rendezvous_service(job, uid), manifests.workers_service(job, uid))
         rendezvous = (manifests.rendezvous_pod(job, uid),)
+    _throughput(seen, pods, out)
     decision = _decide(seen, settings, out, pods)
     create, delete = world.pod_changes(decision.workers, pods)
     claim, claim_blocked = job.spec.checkpoint.claim_name, ()
@@ -273,8 +281,12 @@ def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods)
 
 
 def _decide(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods) -> controller.Decision:
-    """The controller's decision on what the pods and the last report show."""
+    """The controller's decision on what the pods and the last report show, within the job's share."""
     capacity = _capacity(seen, pods, out, settings)
+    share = seen.share
+    shared = share is not None and (capacity is None or share.grow_to < capacity)
+    if shared:
+        capacity = share.grow_to
     progress = seen.status.progress or ProgressStatus()
     recent = seen.status.rescales.recent if seen.status.rescales else []
     decision = controller.decide(
@@ -288,11 +300,48 @@ def _decide(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods
             restart_seconds=settings.restart_seconds,
         ),
     )
+    if shared and share.reason and decision.changes(len(pods.live)):
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; allocation {share.reason}")
     if decision.kind is controller.Kind.CAPACITY_LIMITED:
         out.condition("CapacityLimited", True, decision.kind.value, decision.reason)
     elif out.is_true("CapacityLimited") and capacity is None:
         out.condition("CapacityLimited", False, "CapacityAvailable", "the cluster placed every worker asked for")
     return decision
+
+
+def _allocation(seen: Seen, out: _Status) -> None:
+    """The job's share in its status, and an Event when it moves."""
+    share, old = seen.share, seen.status.allocation
+    if share is None:
+        out.set(allocation=None)
+        return
+    moved = old is None or old.workers != share.workers
+    out.set(allocation=AllocationStatus(
+        workers=share.workers,
+        demand=share.demand,
+        reason=share.reason if moved else old.reason,
+        time=out.stamp if moved else old.time,
+    ))  # fmt: skip
+    if moved and share.reason:
+        out.emit("Normal", "Allocation", share.reason)
+
+
+def _throughput(seen: Seen, pods: world.WorkerPods, out: _Status) -> None:
+    """Rank 0's throughput at the worker count it trained on, once every worker runs: the allocator's
+    measure of what a worker gives the job (the latest per count)."""
+    progress, plan_ = seen.status.progress, seen.status.plan
+    if not (progress and progress.samples_per_second and plan_ and plan_.world_size and plan_.global_batch):
+        return
+    workers = plan_.world_size // seen.job.spec.workers.devices_per_worker
+    if pods.pending or workers != len(pods.running):
+        return
+    batch = progress.policy_batch or plan_.global_batch
+    last = next((t for t in seen.status.throughput if t.workers == workers), None)
+    if last and last.batch == batch and abs(progress.samples_per_second / last.samples_per_second - 1) < 0.05:
+        return  # no news: a status patch a second for every wobble of the measure would be noise
+    seen_now = Throughput(workers=workers, batch=batch, samples_per_second=progress.samples_per_second)
+    kept = [t for t in seen.status.throughput if t.workers != workers]
+    out.set(throughput=sorted([*kept, seen_now], key=lambda t: t.workers)[-16:])
 
 
 def _capacity(seen: Seen, pods: world.WorkerPods, out: _Status, settings: Settings) -> int | None:

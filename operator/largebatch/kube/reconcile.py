@@ -23,6 +23,7 @@ from largebatch.api import LargeBatchJob, LargeBatchJobStatus
 from largebatch.kube import api_errors, world
 from largebatch.kube.manifests import JOB_LABEL, Names
 from largebatch.kube.plan import Actions, Outcome, Seen, Settings, account, plan, workers_of
+from largebatch.kube.sharing import Share
 
 __all__ = ["Apis", "Reconciled", "Settings", "reconcile"]
 
@@ -105,12 +106,13 @@ def reconcile(
     emit: Emit,
     nodes_changed: datetime.datetime | None = None,
     pods: list[dict[str, Any]] | None = None,
+    share: Share | None = None,
 ) -> Reconciled:
     """Bring the job's objects one step closer to what it needs: observe, `plan`, `apply`, `account`.
     `nodes_changed` is when a node last offered more (a capacity-limited job then tries to grow at once
     instead of after the retry delay); `pods` the job's pods as a watch has them (listed from the API
-    when not given)."""
-    seen = observe(body, apis, nodes_changed, pods)
+    when not given); `share` the job's part of the accelerators the jobs share (`kube.sharing`)."""
+    seen = dataclasses.replace(observe(body, apis, nodes_changed, pods), share=share)
     actions = plan(seen, settings)
     if actions.check_claim:
         found = apis.claim_exists(body["metadata"]["namespace"], actions.check_claim)

@@ -176,23 +176,65 @@ def node_capacity(node: dict[str, Any]) -> tuple:
             tuple(taints))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Offered:
+    """The accelerators the nodes offer the jobs' shares."""
+
+    accelerators: dict[str, int]
+    """Extended resources (the names with a `/`) allocatable on the selected nodes that are ready and take
+    pods, by resource name."""
+    nodes: frozenset[str]
+    """The selected nodes: what pods hold counts against the offer only on these."""
+    known: frozenset[str]
+    """Every node the watch has shown: a pod bound to another one means the listing is not complete."""
+
+
 class NodeOffers:
-    """When a node last offered more: added, or changed in what it offers (`node_capacity`). The
-    operator feeds it the node watch; a capacity-limited job measured before then tries again at once."""
+    """What the nodes offer, from the node watch: when a node last offered more (added, or changed in
+    what it offers, `node_capacity`: a capacity-limited job measured before then tries again at once),
+    and the accelerators they offer the jobs' shares (`offered`)."""
 
     def __init__(self) -> None:
         self._offers: dict[str, tuple] = {}
+        self._labels: dict[str, dict[str, str]] = {}
         self.changed_at: datetime.datetime | None = None
 
     def seen(self, event_type: str | None, node: dict[str, Any], when: datetime.datetime) -> None:
         """A watch event: type ADDED, MODIFIED, DELETED, or None for the nodes the first listing found
         (there before the operator, so no news)."""
-        name = node.get("metadata", {}).get("name", "")
+        meta = node.get("metadata", {})
+        name = meta.get("name", "")
         if event_type == "DELETED":
             self._offers.pop(name, None)
+            self._labels.pop(name, None)
             return
+        self._labels[name] = dict(meta.get("labels") or {})
         offer = node_capacity(node)
         if self._offers.get(name) != offer:
             self._offers[name] = offer
             if event_type is not None:
                 self.changed_at = when
+
+    def offered(self, selector: dict[str, str] | None = None) -> Offered:
+        """The accelerators of the nodes whose labels include `selector` (every node without one)."""
+        offers, labels = dict(self._offers), dict(self._labels)  # copies: the watch adds nodes meanwhile
+        chosen = {n for n in offers if all(labels.get(n, {}).get(k) == v for k, v in (selector or {}).items())}
+        out: dict[str, int] = {}
+        for name in chosen:
+            allocatable, unschedulable, ready, _ = offers[name]
+            if ready and not unschedulable:
+                for resource, value in allocatable:
+                    if "/" in resource and str(value).isdigit():
+                        out[resource] = out.get(resource, 0) + int(value)
+        return Offered(out, frozenset(chosen), frozenset(offers))
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """`pool=gpu,zone=a` → {"pool": "gpu", "zone": "a"}: node labels that must all match."""
+    selector = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"node selector {text!r}: {part!r} is not label=value")
+        selector[key.strip()] = value.strip()
+    return selector
