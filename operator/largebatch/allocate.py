@@ -60,8 +60,9 @@ class Speed:
                 for p in points if p.samples_per_second > 0]  # fmt: skip
         if not rows:
             return None
+        scaling_perfectly = cls(compute=sum(t for _, _, t in rows) / sum(x for x, _, _ in rows))
         if len({(x, y) for x, y, _ in rows}) < 2 or len({y for _, y, _ in rows}) < 2:
-            return cls(compute=sum(t for _, _, t in rows) / sum(x for x, _, _ in rows))
+            return scaling_perfectly
         # Normal equations of t = compute·x + sync·y, solved in closed form (two unknowns).
         sxx, sxy, syy = (sum(a * b for a, b in pairs) for pairs in (
             ((x, x) for x, _, _ in rows), ((x, y) for x, y, _ in rows), ((y, y) for _, y, _ in rows)))  # fmt: skip
@@ -69,7 +70,7 @@ class Speed:
         det = sxx * syy - sxy * sxy
         compute, sync = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
         if sync < 0 or compute <= 0:  # noise: a faster step with more workers than compute allows
-            return cls(compute=sum(t for _, _, t in rows) / sum(x for x, _, _ in rows))
+            return scaling_perfectly
         return cls(compute=compute, sync=sync)
 
     def samples_per_second(self, workers: int, batch: int) -> float:

@@ -11,7 +11,7 @@ import datetime
 from largebatch.api import LargeBatchJob
 from largebatch.kube import world
 from largebatch.kube.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
-from largebatch.kube.sharing import Share, demand, held, pool, shares
+from largebatch.kube.sharing import Share, asks_for_accelerators, demand, held, pool, shares
 from tests.unit.test_kube_plan import RENDEZVOUS, STAMP, job, reconcile, seen, worker
 
 GPU = "nvidia.com/gpu"
@@ -68,6 +68,13 @@ def test_an_init_container_holds_what_it_asks_while_it_is_the_larger():
     p = pod("x", 1)
     p["spec"]["initContainers"] = [{"resources": {"requests": {GPU: "3"}}}]
     assert held(p, GPU) == 3
+
+
+def test_a_pod_asks_for_accelerators_when_any_container_names_an_extended_resource():
+    assert asks_for_accelerators(pod("x", 1)["spec"])
+    assert asks_for_accelerators({"initContainers": [{"resources": {"requests": {"google.com/tpu": "4"}}}]})
+    assert not asks_for_accelerators({"containers": [{"resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}]})
+    assert not asks_for_accelerators({"containers": [{}]})
 
 
 def test_a_job_takes_part_while_it_trains_on_an_accelerator():

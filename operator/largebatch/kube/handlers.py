@@ -89,7 +89,7 @@ class _Sharing:
             if time.perf_counter() - self.made_at >= INTERVAL or stale or name not in self.considered:
                 every = list(jobs.get(JOBS_KEY, []))
                 self.made_at, self.made_wall = time.perf_counter(), timestamps.now()
-                self.considered = {f"{j['metadata'].get('namespace')}/{j['metadata']['name']}" for j in every}
+                self.considered = {sharing.key(j) for j in every}
                 self.shares = sharing.shares(
                     every,
                     job_pods,
@@ -123,7 +123,7 @@ def _run(body, patch, job_pods: kopf.Index, jobs: kopf.Index, accelerator_pods: 
             if started - written_at < BODY_LAG_SECONDS:
                 status |= written
             pods = list(job_pods.get((namespace, name), []))
-            share = SHARING.share(f"{namespace}/{name}", jobs, job_pods, accelerator_pods)
+            share = SHARING.share(sharing.key(body), jobs, job_pods, accelerator_pods)
             done = reconcile(dict(body) | {"status": status}, _apis(), SETTINGS, emit, NODES.changed_at, pods, share)
             _WRITTEN[uid] = (time.perf_counter(), {k: v for k, v in done.status.items() if k not in TRAINER_FIELDS})
         except Exception as exc:  # an API hiccup: kopf retries; the job's state is all in its status
@@ -152,15 +152,11 @@ async def jobs(body, **_):
     return {JOBS_KEY: dict(body)}
 
 
-def _holds_accelerators(spec, **_) -> bool:
-    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        resources = container.get("resources") or {}
-        if any("/" in name for part in ("requests", "limits") for name in resources.get(part) or {}):
-            return True
-    return False
+def _asks_for_accelerators(spec, **_) -> bool:
+    return sharing.asks_for_accelerators(spec)
 
 
-@kopf.index("", "v1", "pods", when=_holds_accelerators)
+@kopf.index("", "v1", "pods", when=_asks_for_accelerators)
 async def accelerator_pods(body, **_):
     """Pods that ask for an extended resource (an accelerator), the jobs' workers among them: what they
     hold is not free for the jobs' shares."""

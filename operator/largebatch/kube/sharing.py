@@ -48,10 +48,9 @@ def demand(job: dict[str, Any], live: int, restart_seconds: float) -> allocate.D
         return None
     if samples >= spec.schedule.total_samples:
         return None
-    meta = job["metadata"]
-    created = meta.get("creationTimestamp")
+    created = job["metadata"].get("creationTimestamp")
     return allocate.Demand(
-        name=f"{meta.get('namespace')}/{meta['name']}",
+        name=key(job),
         batch=schedule.plan(spec, report.progress_from_status(progress)).policy_batch,
         per_worker=spec.workers.devices_per_worker * spec.batch.micro_batch,
         minimum=spec.workers.min,
@@ -68,6 +67,26 @@ def demand(job: dict[str, Any], live: int, restart_seconds: float) -> allocate.D
     )
 
 
+def key(job: dict[str, Any]) -> str:
+    """`namespace/name`: how shares, reasons and Events name a job."""
+    return f"{job['metadata'].get('namespace')}/{job['metadata']['name']}"
+
+
+def _resources(spec: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The `resources` of each of a pod spec's `containers` or `initContainers`."""
+    return [c.get("resources") or {} for c in spec.get(kind) or []]
+
+
+def asks_for_accelerators(spec: dict[str, Any]) -> bool:
+    """Whether a pod spec asks for any accelerator (extended resource), in any container."""
+    return any(
+        world.is_accelerator(name)
+        for resources in (*_resources(spec, "containers"), *_resources(spec, "initContainers"))
+        for part in ("requests", "limits")
+        for name in resources.get(part) or {}
+    )
+
+
 def held(pod: dict[str, Any], resource: str) -> int:
     """How many of `resource` a pod holds: bound to a node and not ended (its containers' requests, or
     their limits, which extended resources may give alone; an init container's while it is larger)."""
@@ -75,15 +94,14 @@ def held(pod: dict[str, Any], resource: str) -> int:
         return 0
     spec = pod["spec"]
 
-    def of(containers: list[dict[str, Any]] | None) -> list[int]:
+    def of(kind: str) -> list[int]:
         out = []
-        for c in containers or []:
-            resources = c.get("resources") or {}
+        for resources in _resources(spec, kind):
             value = (resources.get("requests") or {}).get(resource, (resources.get("limits") or {}).get(resource))
             out.append(int(value) if value is not None else 0)
         return out
 
-    return max(sum(of(spec.get("containers"))), max(of(spec.get("initContainers")), default=0))
+    return max(sum(of("containers")), max(of("initContainers"), default=0))
 
 
 def held_any(pod: dict[str, Any]) -> bool:

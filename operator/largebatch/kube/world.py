@@ -224,9 +224,15 @@ class NodeOffers:
             allocatable, unschedulable, ready, _ = offers[name]
             if ready and not unschedulable:
                 for resource, value in allocatable:
-                    if "/" in resource and str(value).isdigit():
+                    if is_accelerator(resource) and str(value).isdigit():
                         out[resource] = out.get(resource, 0) + int(value)
         return Offered(out, frozenset(chosen), frozenset(offers))
+
+
+def is_accelerator(resource: str) -> bool:
+    """An extended resource (`nvidia.com/gpu`, `google.com/tpu`, ...): the names with a `/`, where cpu,
+    memory and pods have none."""
+    return "/" in resource
 
 
 def parse_selector(text: str) -> dict[str, str]:
