@@ -134,7 +134,7 @@ def test_a_higher_priority_job_takes_what_a_lower_one_holds_beyond_its_minimum()
     assert "higher priority" in result["team/low"].reason
 
 
-def test_world_offers_the_accelerators_of_ready_schedulable_nodes():
+def test_world_offers_the_accelerators_of_nodes_that_take_pods_ready_or_not():
     def node(name, gpus, ready=True, cordoned=False):
         return {"metadata": {"name": name}, "spec": {"unschedulable": cordoned},
                 "status": {"allocatable": {"cpu": "8", GPU: str(gpus)},
@@ -143,7 +143,7 @@ def test_world_offers_the_accelerators_of_ready_schedulable_nodes():
     offers = world.NodeOffers()
     for n in (node("a", 4), node("b", 2), node("c", 8, ready=False), node("d", 8, cordoned=True)):
         offers.seen(None, n, None)
-    assert offers.offered() == world.Offered({GPU: 6}, frozenset("abcd"), frozenset("abcd"))
+    assert offers.offered() == world.Offered({GPU: 14}, frozenset("abcd"), frozenset("abcd"))  # not d: cordoned
     labelled = node("e", 16)
     labelled["metadata"]["labels"] = {"pool": "shared"}
     offers.seen("ADDED", labelled, None)

@@ -3,7 +3,7 @@ watches, their worker pods, the nodes and the other pods that hold accelerators,
 (`allocate.allocate`) and how far it may grow now.
 
 The accelerators the jobs share are, per resource name (`workers.accelerator`), the allocatable ones of
-the nodes that are ready and schedulable (those with the labels of LARGEBATCH_SHARED_NODES, when set),
+the nodes that take pods, ready or not (those with the labels of LARGEBATCH_SHARED_NODES, when set),
 less what pods other than the jobs' workers hold there (bound and not ended). A job may grow into its
 share only as far as accelerators are free now: a job that gives GPUs up for another deletes its
 workers first (they checkpoint on SIGTERM) and the other grows when the pods are gone, so a move is one

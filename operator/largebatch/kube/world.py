@@ -181,8 +181,8 @@ class Offered:
     """The accelerators the nodes offer the jobs' shares."""
 
     accelerators: dict[str, int]
-    """Extended resources (the names with a `/`) allocatable on the selected nodes that are ready and take
-    pods, by resource name."""
+    """Extended resources (the names with a `/`) allocatable on the selected nodes that take pods (not
+    cordoned; readiness is not asked: see `NodeOffers.offered`), by resource name."""
     nodes: frozenset[str]
     """The selected nodes: what pods hold counts against the offer only on these."""
     known: frozenset[str]
@@ -221,8 +221,10 @@ class NodeOffers:
         chosen = {n for n in offers if all(labels.get(n, {}).get(k) == v for k, v in (selector or {}).items())}
         out: dict[str, int] = {}
         for name in chosen:
-            allocatable, unschedulable, ready, _ = offers[name]
-            if ready and not unschedulable:
+            allocatable, unschedulable, _, _ = offers[name]
+            # A node that stops reporting (NotReady, as every node is for a while after a control-plane
+            # outage) still has the GPUs its pods hold: left out, the pool would shrink under running jobs.
+            if not unschedulable:
                 for resource, value in allocatable:
                     if is_accelerator(resource) and str(value).isdigit():
                         out[resource] = out.get(resource, 0) + int(value)
