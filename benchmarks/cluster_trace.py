@@ -1,20 +1,12 @@
 """Many jobs on one shared cluster: a discrete-event simulation of a trace of LargeBatchJobs under three
 ways of giving out GPUs, side by side on the same trace (benchmarks/README.md, "Sharing a cluster").
 
-- static: each job gets, when it starts, the workers its largest batch wants and keeps them to the end,
-  first come first served with backfilling (what a Kubeflow PyTorchJob with fixed replicas gets);
-- first-come: today's operator: each job's own `controller.decide` with the free GPUs as its capacity,
-  growing when its batch grows and a GPU is free, never giving one back;
-- allocator: `allocate.allocate` over all jobs every period, each job's `controller.decide` taking its
-  allocation as the capacity.
-
-Each simulated job follows this project's real schedule (`schedule.phases`: its batch at every sample)
-and takes, per step, the time of a step-time model calibrated on measured runs: Pollux's published
-placements of ResNet-50 on ImageNet and BERT fine-tuning on T4 GPUs (16 nodes of 4, as here; the
-measurements are `MEASURED` below, taken from the AdaptDL repository's simulator traces, and the fit is
-printed). Every change of a job's worker count pauses it for `--restart-seconds`. The allocator sees no
-more than the operator would: the throughput each job showed at the worker counts it ran at, fitted by
-`allocate.Speed`, not the model the simulation runs.
+The simulation and its three schemes (static, first-come, the allocator) are `largebatch.simulation`'s.
+Each simulated job follows this project's real schedule and takes, per step, the time of a step-time
+model calibrated on measured runs: Pollux's published placements of ResNet-50 on ImageNet and BERT
+fine-tuning on T4 GPUs (16 nodes of 4, as here; the measurements are `MEASURED` below, taken from the
+AdaptDL repository's simulator traces, and the fit is printed). Every change of a job's worker count
+pauses it for `--restart-seconds`.
 
 The trace: `--jobs` arrivals (Poisson, `--hours` long), half ResNet-like and half BERT-like, batch
 policies Seesaw 35%, critical batch 25%, linear ramp 20%, constant 20%, sizes drawn log-normal in GPU
@@ -28,14 +20,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from largebatch import allocate, controller, schedule
+from largebatch import simulation
 from largebatch.api import LargeBatchJobSpec
 
 GPUS_PER_NODE = 4
@@ -120,46 +113,7 @@ class StepModel:
 # --- the trace ------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Job:
-    name: str
-    arrival: float
-    spec: LargeBatchJobSpec
-    kind: str
-    noise_scale: float | None
-    phases: list[schedule.Phase]
-    static_workers: int
-    # simulation state
-    samples: float = 0.0
-    workers: int = 0
-    paused_until: float = 0.0
-    last_rescale: float | None = None
-    rescales: int = 0
-    finish: float | None = None
-    measured: dict[int, allocate.Measured] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return self.spec.schedule.total_samples
-
-    def phase(self) -> tuple[int, schedule.Phase, int]:
-        """(index, phase, steps before it) at the job's progress."""
-        steps = 0
-        for i, p in enumerate(self.phases):
-            if self.samples < p.end:
-                return i, p, steps
-            steps += p.steps
-        return len(self.phases) - 1, self.phases[-1], steps - self.phases[-1].steps
-
-    def progress(self) -> schedule.Progress:
-        i, p, before = self.phase()
-        step = before + int((self.samples - p.start) // p.global_batch)
-        changed = before if i and self.phases[i - 1].global_batch != p.global_batch else 0
-        return schedule.Progress(samples=int(self.samples), step=step, batch=p.global_batch,
-                                 last_change_step=changed, noise_scale=self.noise_scale)  # fmt: skip
-
-
-def trace(seed: int, jobs: int, hours: float, models: dict[str, StepModel]) -> list[Job]:
+def trace(seed: int, jobs: int, hours: float, models: dict[str, StepModel]) -> list[simulation.Job]:
     rng = random.Random(seed)
     out, clock = [], 0.0
     for i in range(jobs):
@@ -189,111 +143,8 @@ def trace(seed: int, jobs: int, hours: float, models: dict[str, StepModel]) -> l
             "schedule": {"totalSamples": total, "warmupSamples": total // 20, "decay": "cosine", "minLrRatio": 0.1},
         }  # fmt: skip
         spec = LargeBatchJobSpec.model_validate(document)
-        phases = schedule.phases(spec, noise)
-        largest = max(p.global_batch for p in phases)
-        out.append(Job(f"t/{i:03d}-{kind}-{policy}", clock, spec, kind, noise, phases,
-                       schedule.desired_workers(spec, largest)))  # fmt: skip
-    return out
-
-
-# --- the simulation -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    jct: list[float]
-    makespan: float
-    utilisation: float
-    rescales: float
-
-
-def simulate(jobs: list[Job], scheme: str, models: dict[str, StepModel], gpus: int, period: float,
-             restart: float, seed: int) -> Result:  # fmt: skip
-    jobs = [dataclasses.replace(j, measured={}) for j in jobs]
-    noise = random.Random(seed)
-    clock, busy = 0.0, 0.0
-    while any(j.finish is None for j in jobs):
-        present = [j for j in jobs if j.arrival <= clock and j.finish is None]
-        targets = _targets(present, scheme, gpus, clock, restart)
-        for j in present:
-            target = targets.get(j.name, j.workers)
-            if target != j.workers:
-                if j.workers and target:
-                    j.rescales += 1
-                if target:
-                    j.paused_until = clock + restart
-                j.workers, j.last_rescale = target, clock
-        busy += period * sum(j.workers for j in present)
-        for j in present:
-            _run(j, models[j.kind], clock, clock + period, noise)
-        clock += period
-    first = min(j.arrival for j in jobs)
-    makespan = max(j.finish for j in jobs) - first
-    return Result([j.finish - j.arrival for j in jobs], makespan, busy / (gpus * makespan),
-                  statistics.mean(j.rescales for j in jobs))  # fmt: skip
-
-
-def _run(job: Job, model: StepModel, start: float, end: float, noise: random.Random) -> None:
-    """Train from `start` to `end` on the job's workers, phase by phase; record the throughput seen."""
-    t = max(start, job.paused_until)
-    while job.workers and t < end and job.samples < job.total:
-        _, phase, _ = job.phase()
-        seconds = model.step(job.workers, phase.global_batch, MICRO_BATCH[job.kind])
-        rate = phase.global_batch / seconds
-        samples = min(phase.end - job.samples, rate * (end - t))
-        job.samples += samples
-        t += samples / rate
-        # What the trainer reports: the throughput of its last steps, within a few percent.
-        job.measured[job.workers] = allocate.Measured(job.workers, phase.global_batch,
-                                                      rate * noise.uniform(0.97, 1.03))  # fmt: skip
-        if job.samples >= job.total - 1e-6:
-            job.finish = t
-
-
-def _observation(job: Job, clock: float, capacity: int, restart: float) -> controller.Observation:
-    seen = job.measured.get(job.workers)
-    return controller.Observation(
-        progress=job.progress(),
-        workers=job.workers,
-        capacity=capacity,
-        samples_per_second=seen.samples_per_second if seen and clock >= job.paused_until else None,
-        seconds_since_rescale=None if job.last_rescale is None else clock - job.last_rescale,
-        restart_seconds=restart,
-    )
-
-
-def _targets(present: list[Job], scheme: str, gpus: int, clock: float, restart: float) -> dict[str, int]:
-    if scheme == "static":
-        free = gpus - sum(j.workers for j in present)
-        out = {}
-        for j in sorted(present, key=lambda j: j.arrival):  # first come first served, with backfilling
-            if not j.workers and j.static_workers <= free:
-                out[j.name], free = j.static_workers, free - j.static_workers
-        return out
-    if scheme == "first-come":
-        free = gpus - sum(j.workers for j in present)
-        out = {}
-        for j in sorted(present, key=lambda j: j.arrival):
-            decision = controller.decide(j.spec, _observation(j, clock, j.workers + free, restart))
-            if decision.workers >= j.spec.workers.min or j.workers:
-                out[j.name] = max(decision.workers, j.workers) if decision.workers <= j.workers + free else j.workers
-                free -= out[j.name] - j.workers
-        return out
-    demands = []
-    for j in present:
-        batch = schedule.plan(j.spec, j.progress()).policy_batch
-        demands.append(allocate.Demand(
-            name=j.name, batch=batch, per_worker=MICRO_BATCH[j.kind], minimum=j.spec.workers.min,
-            maximum=j.spec.workers.max, remaining_samples=int(j.total - j.samples), current=j.workers,
-            arrival=j.arrival, speed=allocate.Speed.fit(j.measured.values()), restart_seconds=restart))  # fmt: skip
-    given = allocate.allocate(demands, gpus).workers
-    out = {}
-    for j in present:
-        cap = given[j.name]
-        if cap < j.workers or not cap:
-            out[j.name] = cap  # taken away: shrink (or stop) now
-        else:
-            out[j.name] = controller.decide(j.spec, _observation(j, clock, cap, restart)).workers
+        step_time = functools.partial(model.step, micro=micro)
+        out.append(simulation.Job(f"t/{i:03d}-{kind}-{policy}", clock, spec, step_time, noise))
     return out
 
 
@@ -316,8 +167,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
         jobs = trace(seed, args.jobs, args.hours, models)
-        results = {s: simulate(jobs, s, models, args.gpus, args.period, args.restart_seconds, seed)
-                   for s in ("static", "first-come", "allocator")}  # fmt: skip
+        results = {s: simulation.simulate(jobs, s, args.gpus, args.period, args.restart_seconds, seed)
+                   for s in simulation.SCHEMES}  # fmt: skip
         base, fc = statistics.mean(results["static"].jct), statistics.mean(results["first-come"].jct)
         for scheme, r in results.items():
             mean = statistics.mean(r.jct)

@@ -14,7 +14,9 @@ returns a `Task`:
   `accuracy(model, batch) -> (correct, count)` for a classifier (reported as `evalAccuracy`).
 
 The built-in tasks are `largebatch_trainer.tasks:pylm`, `largebatch_trainer.tasks:linreg` and
-`largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`).
+`largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`), and
+`largebatch_trainer.tasks:simulated` (no learning: each sample takes `secondsPerSample` of wall time, for
+trying out allocations, quotas and dashboards without accelerators).
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ def pylm(**args: Any) -> Task:
 
 def linreg(**args: Any) -> Task:
     from largebatch_trainer.tasks.linear_regression import build
+
+    return build(**args)
+
+
+def simulated(**args: Any) -> Task:
+    from largebatch_trainer.tasks.simulated import build
 
     return build(**args)
 
