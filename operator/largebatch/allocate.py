@@ -77,6 +77,11 @@ class Speed:
         return batch / (self.compute * batch / workers + (self.sync if workers > 1 else 0.0))
 
 
+def wanted(batch: int, per_worker: int, minimum: int, maximum: int) -> int:
+    """Workers that bring accumulation to 1 at `batch`, within workers.min..max: more would gain nothing."""
+    return max(minimum, min(maximum, -(-batch // per_worker)))
+
+
 @dataclass(frozen=True)
 class Demand:
     """One job, as the allocator sees it."""
@@ -103,8 +108,7 @@ class Demand:
 
     @property
     def wanted(self) -> int:
-        """Workers that bring accumulation to 1, within workers.min..max: more would gain nothing."""
-        return max(self.minimum, min(self.maximum, -(-self.batch // self.per_worker)))
+        return wanted(self.batch, self.per_worker, self.minimum, self.maximum)
 
     def accumulation(self, workers: int) -> int:
         return -(-self.batch // (workers * self.per_worker))

@@ -148,6 +148,11 @@ def describe(name: str, namespace: str | None, context: str | None) -> None:
         share = status.allocation
         lines.append(f"priority {c['PRIORITY']}, allocated {c['ALLOCATED']} workers (given/wanted)"
                      + (f" since {share.time}: {escape(share.reason)}" if share.reason else ""))  # fmt: skip
+    if status.queue:
+        queue = status.queue
+        where = f" (ClusterQueue {queue.cluster_queue})" if queue.cluster_queue else ""
+        lines.append(f"Kueue: queue {queue.name}{where}, admitted {c['ADMITTED']} workers (admitted/asked), "
+                     f"workload {queue.workload or '-'}")  # fmt: skip
     held_out = status.progress
     if held_out and held_out.eval_loss is not None:
         accuracy = held_out.eval_accuracy

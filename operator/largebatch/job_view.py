@@ -11,7 +11,9 @@ from largebatch import plan_report, timestamps
 from largebatch.api import LargeBatchJob, LargeBatchJobStatus, PlanStatus, ProgressStatus, WorkersStatus
 
 COLUMNS = ["NAME", "PHASE", "WORKERS", "BATCH", "MICRO×ACC", "LR", "STEP", "SAMPLES/S", "LOSS", "NOISE", "AGE"]
-WIDE_COLUMNS = ["NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "PRIORITY", "ALLOCATED", "RESCALES"]
+WIDE_COLUMNS = [
+    "NAMESPACE", *COLUMNS, "POLICY", "SAMPLES", "CAPACITY", "PRIORITY", "ALLOCATED", "QUEUE", "ADMITTED", "RESCALES"
+]  # fmt: skip
 MISSING = "-"
 
 
@@ -52,6 +54,8 @@ def row(job: dict[str, Any], now: datetime.datetime, wide: bool = False) -> list
         "CAPACITY": _number(status.capacity, "d"),
         "PRIORITY": str(job.get("spec", {}).get("priority", 0)),
         "ALLOCATED": _allocated(status),
+        "QUEUE": status.queue.name if status.queue else MISSING,
+        "ADMITTED": _admitted(status),
         "RESCALES": _number(status.rescales.count if status.rescales else None, "d"),
     }
     return [cells[c] for c in (WIDE_COLUMNS if wide else COLUMNS)]
@@ -63,6 +67,14 @@ def _allocated(status: LargeBatchJobStatus) -> str:
     if share is None:
         return MISSING
     return f"{_number(share.workers, 'd')}/{_number(share.demand, 'd')}"
+
+
+def _admitted(status: LargeBatchJobStatus) -> str:
+    """Workers Kueue admitted against those the job asks for: `2/4`."""
+    queue = status.queue
+    if queue is None:
+        return MISSING
+    return f"{queue.admitted}/{_number(queue.requested, 'd')}"
 
 
 def plan_ahead(job: dict[str, Any]) -> plan_report.PlanReport:

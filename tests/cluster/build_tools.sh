@@ -8,6 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 K8S=v1.36.3
 PROMETHEUS=v0.316.0  # Prometheus 3.16.0: the Go module numbers 3.x releases v0.3xx
 OPERATOR=v0.89.0
+KUEUE=v0.17.0  # its own folder below, so that the other binaries are not rebuilt when it changes
 VERSIONS="k8s-$K8S-r2_etcd-v3.6.8_kwok-v0.8.0_helm-v3.22.0_coredns-v1.14.7_cni-v1.10.0_prometheus-${PROMETHEUS}_operator-$OPERATOR"
 BIN=${LARGEBATCH_CLUSTER_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/largebatch/$VERSIONS/bin}
 mkdir -p "$BIN"
@@ -54,6 +55,32 @@ build addons . remove_all_sd "-X github.com/prometheus/common/version.Version=3.
 
 # KWOK has no built-in lifecycle: its "fast" stages (nodes become Ready and keep a heartbeat, pods run,
 # complete and go away), taken from the pinned kwok module.
+# Kueue's controller manager, CRDs and webhook registrations (tests/cluster/kueue.py), from a module of its
+# own (tools/kueue) so that its dependencies are the versions Kueue was released with. With its own
+# certificates (internalCertManagement off) Kueue's main.go reads the metrics server's keypair from the
+# fixed folder /etc/kueue/metrics/certs, which a test has no business writing. So the command is built from
+# a copy of that main.go (one file, package main, no internal imports) with that one path replaced by
+# $KUEUE_METRICS_CERT_DIR, laid over tools/kueue/kueue/main.go by `go build -overlay` (Go refuses overlays
+# of the module cache itself); the build stops if the line is not there any more.
+KUEUE_DIR="$BIN/kueue-$KUEUE"
+if [ ! -x "$KUEUE_DIR/kueue" ]; then
+    module=$(cd "$here/tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    patched=$(mktemp -d)
+    original='metricsCertPath := "/etc/kueue/metrics/certs"'
+    grep -qF "$original" "$module/cmd/kueue/main.go" || { echo "kueue $KUEUE: $original is gone" >&2; exit 1; }
+    sed "s|$original|metricsCertPath := os.Getenv(\"KUEUE_METRICS_CERT_DIR\")|" "$module/cmd/kueue/main.go" > "$patched/main.go"
+    printf '{"Replace": {"%s": "%s"}}' "$here/tools/kueue/kueue/main.go" "$patched/main.go" > "$patched/overlay.json"
+    GOFLAGS="$GOFLAGS -overlay=$patched/overlay.json" build kueue "kueue-$KUEUE" "" "" largebatch.dev/testcluster/kueue/kueue
+    rm -r "$patched"
+fi
+if [ ! -d "$KUEUE_DIR/manifests" ]; then
+    module=$(cd "$here/tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    mkdir -p "$KUEUE_DIR/.manifests.tmp"
+    install -m 644 "$module"/config/components/crd/bases/*.yaml "$KUEUE_DIR/.manifests.tmp/"
+    install -m 644 "$module/config/components/webhook/manifests.yaml" "$KUEUE_DIR/.manifests.tmp/webhooks.yaml"
+    mv "$KUEUE_DIR/.manifests.tmp" "$KUEUE_DIR/manifests"
+fi
+
 if [ ! -f "$BIN/kwok-stages.yaml" ]; then
     stages="$(cd "$here/tools/addons" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
     for f in node/fast/node-initialize node/heartbeat/node-heartbeat pod/fast/pod-ready pod/fast/pod-complete \

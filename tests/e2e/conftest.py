@@ -9,6 +9,7 @@ from kubernetes import client, config
 
 from tests.cluster import images as container_images
 from tests.cluster.cluster import Cluster, tools
+from tests.cluster.kueue import Kueue
 from tests.cluster.node import RealNode
 from tests.e2e.jobs import CHART, OPERATOR_NAMESPACE, RELEASE
 from tests.e2e.operator_process import OperatorProcess
@@ -85,6 +86,20 @@ def prometheus_operator_crds(cluster):
         *(f"{name}.monitoring.coreos.com" for name in ("servicemonitors", "podmonitors", "prometheusrules"))
     )
     return cluster
+
+
+@pytest.fixture(scope="session")
+def kueue(crd):
+    """Kueue's controller manager on the cluster (tests/cluster/kueue.py), and the chart's rights to
+    Workloads (kueue.enabled): what a cluster with Kueue and the operator installed for it has."""
+    handle = Kueue(crd)
+    handle.start()
+    crd.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+             "--set", "kueue.enabled=true")  # fmt: skip
+    try:
+        yield crd
+    finally:
+        handle.stop()
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ TOTAL = 16 * 8_000
 """Steps enough that a job outlasts what a test does to it: the suspend acted on (thousands of steps
 after the test saw step 200), a lost worker replaced (the group stalls at min = max = 2 until it is), a
 cut's new worker joined (a small GPT's steps, slow enough for that)."""
+POOL_LABEL = "largebatch.io/test-pool"
+"""On one test's GPU nodes, with the test's name: what its flavor or its operator's pool selects."""
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -165,3 +167,14 @@ def contiguous(runs: list[list[int]], total: int) -> bool:
 def condition(cluster, namespace: str, name: str, kind: str) -> dict | None:
     found = [c for c in status_of(cluster, namespace, name).get("conditions", []) if c["type"] == kind]
     return found[0] if found else None
+
+
+def world(cluster, namespace: str, name: str) -> int:
+    """The job's world size, as rank 0 last reported it."""
+    return status_of(cluster, namespace, name).get("plan", {}).get("worldSize", 0)
+
+
+def finished_whole(cluster, namespace: str, name: str, total: int, tmp_path) -> None:
+    """The job consumed `total` samples, each once and in order, on its own claim `ckpt-<name>`."""
+    assert status_of(cluster, namespace, name)["progress"]["samples"] == total
+    assert contiguous(history(tmp_path, f"ckpt-{name}"), total)

@@ -20,9 +20,10 @@ from largebatch.api import LargeBatchJobSpec
 from tests.cluster.pod_runner import PodRunner
 from tests.e2e.jobs import (
     KWOK_TOLERATION,
+    POOL_LABEL,
     apply,
-    contiguous,
     explanation,
+    finished_whole,
     gpu_pool,
     history,
     job_document,
@@ -31,12 +32,11 @@ from tests.e2e.jobs import (
     status_of,
     wait_or_explain,
     wait_until_succeeded,
+    world,
 )
 from tests.e2e.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.e2e
-
-POOL_LABEL = "largebatch.io/test-pool"
 
 
 def contender(name: str, nodes: list[str], batch: int, total: int, priority: int = 0) -> dict:
@@ -68,17 +68,8 @@ def sharing(
             operator.stop()
 
 
-def world(crd, namespace: str, name: str) -> int:
-    return status_of(crd, namespace, name).get("plan", {}).get("worldSize", 0)
-
-
 def rescales(crd, namespace: str, name: str) -> list[dict]:
     return status_of(crd, namespace, name).get("rescales", {}).get("recent", [])
-
-
-def finished_whole(crd, namespace: str, name: str, total: int, tmp_path) -> None:
-    assert status_of(crd, namespace, name)["progress"]["samples"] == total
-    assert contiguous(history(tmp_path, f"ckpt-{name}"), total)
 
 
 def test_a_higher_priority_job_takes_a_gpu_from_a_running_lower_one(crd, namespace, operator_kubeconfig, tmp_path):
@@ -107,6 +98,11 @@ def test_a_higher_priority_job_takes_a_gpu_from_a_running_lower_one(crd, namespa
                         name="high", **explain)  # fmt: skip
         high = status_of(crd, namespace, "high")["allocation"]
         assert (high["workers"], high["demand"]) == (1, 2)  # workers.min of the low job is kept
+        # The high job held still until the low one trains on its one GPU: however fast this machine
+        # trains, the high job is not over before the low one's smaller group has started.
+        with pods.paused("high-worker-0"):
+            wait_or_explain(lambda: world(crd, namespace, "low") == 1, "the low job training on one GPU",
+                            name="low", **explain)  # fmt: skip
         wait_until_succeeded(crd, namespace, "high", pods, operator.log)
         wait_until_succeeded(crd, namespace, "low", pods, operator.log)
         assert pods.errors == []

@@ -49,6 +49,23 @@ def test_the_operator_has_least_privilege(helm, values):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "lb-operator", "namespace": "lb-system"}]
 
 
+@pytest.mark.parametrize("values", [[], ["--set", "watchNamespaces={team-a}"]], ids=["cluster", "namespaced"])
+def test_kueue_enabled_adds_the_rights_to_workloads_and_nothing_else(helm, values):
+    def rules(*extra: str) -> list[dict]:
+        documents = render(helm, *values, *extra)
+        return [rule for d in documents if d["kind"] in ("ClusterRole", "Role") for rule in d["rules"]]
+
+    without, with_kueue = rules(), rules("--set", "kueue.enabled=true")
+    assert not any("kueue.x-k8s.io" in rule["apiGroups"] for rule in without)
+    added = [rule for rule in with_kueue if rule not in without]
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in added} == {
+        (("workloads",), ("list", "create", "patch", "delete")),
+        (("workloads/status",), ("update",)),
+        (("resourceflavors", "workloadpriorityclasses"), ("get",)),
+    }
+    assert all(rule["apiGroups"] == ["kueue.x-k8s.io"] for rule in added)
+
+
 def test_the_deployment_runs_the_operator_as_non_root_with_peering(helm):
     documents = render(helm, "--set", "replicas=2", "--set", "resources.limits.cpu=2")
     deployment = next(d for d in documents if d["kind"] == "Deployment")

@@ -46,6 +46,10 @@ def test_a_row_has_the_numbers_that_matter():
     shared["spec"]["priority"] = 5
     wide = dict(zip(job_view.WIDE_COLUMNS, job_view.row(shared, NOW, wide=True), strict=True))
     assert (wide["PRIORITY"], wide["ALLOCATED"]) == ("5", "2/8")
+    assert (wide["QUEUE"], wide["ADMITTED"]) == ("-", "-")
+    queued = job_object(RUNNING | {"queue": {"name": "team-a-queue", "admitted": 2, "requested": 4}})
+    wide = dict(zip(job_view.WIDE_COLUMNS, job_view.row(queued, NOW, wide=True), strict=True))
+    assert (wide["QUEUE"], wide["ADMITTED"]) == ("team-a-queue", "2/4")
 
 
 def test_a_new_job_shows_dashes_not_errors():

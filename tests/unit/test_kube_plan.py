@@ -230,3 +230,27 @@ def test_the_pods_a_plan_creates_and_deletes_leave_the_decisions_worker_count(st
     after = (live - set(actions.delete)) | {p["metadata"]["name"] for p in actions.workers}
     assert len(after) == actions.scaling.decision.workers
     assert set(actions.delete) <= live and not live & {p["metadata"]["name"] for p in actions.workers}
+
+
+def test_a_job_under_kueue_runs_only_what_kueue_admitted_on_the_flavors_nodes():
+    from largebatch.kube import kueue
+    from tests.unit.test_kube_kueue import workload
+
+    queued = job(accelerator="nvidia.com/gpu", min=1, max=4)
+    queued = queued.model_copy(update={"metadata": queued.metadata.model_copy(update={"labels": {
+        kueue.QUEUE_LABEL: "team-a"}})})  # fmt: skip
+    waiting = plan(dataclasses.replace(seen(queued), queue=kueue.Observed()), SETTINGS)
+    assert waiting.status.phase == "Queued" and waiting.workers == () and waiting.queue.create is not None
+    assert "QueuedByKueue" in [c.type for c in waiting.status.conditions if c.status == "True"]
+
+    admitted = kueue.Observed((workload(0, 1, admitted=1),), {"a100": {"nodeLabels": {"gpu": "a100"}}})
+    running = plan(dataclasses.replace(seen(queued), queue=admitted), SETTINGS)
+    assert [p["metadata"]["name"] for p in running.workers] == ["job-worker-0"]
+    assert running.workers[0]["spec"]["nodeSelector"] == {"gpu": "a100"}
+    assert running.status.queue.admitted == 1
+
+    evicted = kueue.Observed((workload(0, 1, admitted=1, evicted="Preempted"),))
+    stopping = plan(
+        dataclasses.replace(seen(queued, [RENDEZVOUS, worker(0)], phase="Running"), queue=evicted), SETTINGS
+    )
+    assert stopping.delete == ("job-worker-0",) and stopping.status.phase == "Queued"

@@ -65,6 +65,16 @@ namespace, a Role's in each of watchNamespaces. */}}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.kueue.enabled }}
+# Kueue: each job's Workloads, asked for, grown or shrunk (a pod set's count), given up when no longer
+# wanted, and finished or handed back to the queue (their status).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list, create, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
+{{- end }}
 {{- end -}}
 
 {{/* Stops the install when a Prometheus Operator object is asked for and the cluster lacks its CRDs:

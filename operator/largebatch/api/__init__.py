@@ -58,6 +58,7 @@ from largebatch.api.status import (  # noqa: F401
     LargeBatchJobStatus,
     PlanStatus,
     ProgressStatus,
+    QueueStatus,
     Rescale,
     RescalesStatus,
     Throughput,
@@ -81,6 +82,8 @@ class ObjectMeta(BaseModel):
 
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Kueue's `kueue.x-k8s.io/queue-name` and `kueue.x-k8s.io/priority-class` put a job under Kueue."""
 
 
 class LargeBatchJob(_Model):
@@ -96,5 +99,5 @@ class LargeBatchJob(_Model):
     def from_object(cls, obj: dict[str, Any]) -> LargeBatchJob:
         """A job as the API server returns it: its spec, name and namespace (the status and the
         server-side metadata are the operator's and the API server's, not the user's)."""
-        meta = {"name": obj["metadata"]["name"], "namespace": obj["metadata"].get("namespace")}
+        meta = {key: obj["metadata"][key] for key in ("name", "namespace", "labels") if obj["metadata"].get(key)}
         return cls.model_validate({k: v for k, v in obj.items() if k != "status"} | {"metadata": meta})

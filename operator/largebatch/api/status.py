@@ -137,6 +137,21 @@ class AllocationStatus(_Model):
     """When the allocation last moved."""
 
 
+class QueueStatus(_Model):
+    """The job's place in Kueue, for a job labelled `kueue.x-k8s.io/queue-name`."""
+
+    name: str = Field(max_length=253)
+    """The LocalQueue it waits in."""
+    cluster_queue: str | None = Field(default=None, max_length=253)
+    """The ClusterQueue whose quota admitted it."""
+    workload: str | None = Field(default=None, max_length=253)
+    """The Workload that asks for the job's workers (or holds them, when it asks for no more)."""
+    admitted: int = Field(default=0, ge=0)
+    """Workers Kueue admitted: the most the job runs."""
+    requested: int | None = Field(default=None, ge=0)
+    """Workers the job asks Kueue for: what its batch wants."""
+
+
 class Throughput(_Model):
     """Training throughput seen at one worker count."""
 
@@ -151,7 +166,7 @@ class Throughput(_Model):
 class LargeBatchJobStatus(_Model):
     """Observed state of a LargeBatchJob; the operator's memory across restarts."""
 
-    phase: Literal["Pending", "Running", "Scaling", "Suspended", "Succeeded", "Failed"] | None = None
+    phase: Literal["Pending", "Queued", "Running", "Scaling", "Suspended", "Succeeded", "Failed"] | None = None
     """Lifecycle phase."""
     observed_generation: int | None = None
     """The spec generation the operator last acted on."""
@@ -169,6 +184,8 @@ class LargeBatchJobStatus(_Model):
     """Changes of the worker count."""
     allocation: AllocationStatus | None = None
     """The job's share of the accelerators the operator allocates across jobs."""
+    queue: QueueStatus | None = None
+    """The job's place in Kueue (kueue.x-k8s.io/queue-name), when it has one."""
     throughput: list[Throughput] = Field(default_factory=list, max_length=16)
     """The latest throughput at each worker count the job ran at: the allocator's model of what
     another worker would give it."""

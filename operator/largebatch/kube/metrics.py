@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from largebatch.controller import Kind
 
-PHASES = ("Pending", "Running", "Scaling", "Suspended", "Succeeded", "Failed")
+PHASES = ("Pending", "Queued", "Running", "Scaling", "Suspended", "Succeeded", "Failed")
 WORKER_STATES = ("desired", "ready", "pending")
 ALLOCATION_KINDS = {"allocated": "workers", "demand": "demand"}
 """The allocation gauge's `kind` label → the status.allocation field it shows."""

@@ -19,7 +19,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from largebatch import caveats, controller, launch, report, timestamps
+from largebatch import allocate, caveats, controller, launch, report, schedule, timestamps
 from largebatch.api import (
     AllocationStatus,
     Condition,
@@ -27,11 +27,12 @@ from largebatch.api import (
     LargeBatchJobSpec,
     LargeBatchJobStatus,
     ProgressStatus,
+    QueueStatus,
     RescalesStatus,
     Throughput,
     WorkersStatus,
 )
-from largebatch.kube import manifests, world
+from largebatch.kube import kueue, manifests, world
 from largebatch.kube.manifests import ROLE_LABEL, Names
 from largebatch.kube.sharing import Share
 
@@ -73,6 +74,8 @@ class Seen:
     """Whether `checkpoint.claimName` exists; None until a plan that creates workers asks."""
     share: Share | None = None
     """The job's share of the accelerators the jobs share (`kube.sharing`); None when it takes no part."""
+    queue: kueue.Observed | None = None
+    """What Kueue says of the job's Workloads, for a job under Kueue (`kueue.QUEUE_LABEL`)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Actions:
     check_claim: str | None = None
     """The claim to look up before workers can be created: plan again with `Seen.claim_found`."""
     scaling: Scaling | None = None
+    queue: kueue.Writes | None = None
+    """The Workload writes of a job under Kueue."""
     namespace: str = ""
     stamp: str = ""
     max_restarts: int = 0
@@ -184,20 +189,24 @@ def plan(seen: Seen, settings: Settings) -> Actions:
     out = _Status(seen.status, timestamps.stamp(seen.now), seen.generation, job.metadata.namespace or "")
     out.set(observed_generation=seen.generation)
     _allocation(seen, out)
-    if seen.status.phase in ("Succeeded", "Failed"):
-        return out.actions(delete=_not_deleting(seen.pods))
+    names = Names(job.metadata.name)
+    pods = world.classify(workers_of(seen.pods), seen.now)
     progress = seen.status.progress or ProgressStatus()
-    if progress.done and (progress.samples or 0) >= spec.schedule.total_samples:
+    trained = progress.done and (progress.samples or 0) >= spec.schedule.total_samples
+    ended = seen.status.phase if seen.status.phase in ("Succeeded", "Failed") else "Succeeded" if trained else None
+    queued = _queue(seen, out, pods, ended)
+    writes = queued.writes if queued else None
+    if seen.status.phase in ("Succeeded", "Failed"):
+        return out.actions(delete=_not_deleting(seen.pods), queue=writes)
+    if trained:
         out.set(phase="Succeeded", completion_time=out.stamp)
         out.workers(desired=0, ready=0, pending=0)
         message = f"trained {progress.samples:,} samples in {progress.step or 0:,} steps"
         out.condition("Complete", True, "Complete", message)
         out.emit("Normal", "Complete", message)
-        return out.actions(delete=_not_deleting(seen.pods))
+        return out.actions(delete=_not_deleting(seen.pods), queue=writes)
     _warn(spec, out)
 
-    names = Names(job.metadata.name)
-    pods = world.classify(workers_of(seen.pods), seen.now)
     if pods.failed:
         # A failed or lost worker is deleted, to be replaced under its own name until maxRestarts runs out.
         failures = {names.worker(i): pods.errors.get(i) for i in pods.failed}
@@ -211,8 +220,51 @@ def plan(seen: Seen, settings: Settings) -> Actions:
             out.emit("Normal", "Suspended", f"suspending: {len(pods.live)} workers checkpoint and stop")
         out.set(phase="Suspended")
         out.workers(desired=0, ready=0, pending=pods.pending, restarts=_restarts(seen.status))
-        return out.actions(delete=tuple(names.worker(i) for i in pods.live))  # SIGTERM: they checkpoint and stop
-    return _scale(seen, settings, out, pods)
+        # SIGTERM: they checkpoint and stop
+        return out.actions(delete=tuple(names.worker(i) for i in pods.live), queue=writes)
+    if queued is not None and not queued.workers:
+        if pods.live and seen.status.phase != "Queued":
+            out.emit("Normal", "Queued", f"{len(pods.live)} workers checkpoint and stop: Kueue admits none now")
+        out.set(phase="Queued")
+        out.workers(desired=0, ready=0, pending=pods.pending, restarts=_restarts(seen.status))
+        return out.actions(delete=tuple(names.worker(i) for i in pods.live), queue=writes)
+    return _scale(seen, settings, out, pods, queued)
+
+
+def _queue(seen: Seen, out: _Status, pods: world.WorkerPods, ended: str | None) -> kueue.Settled | None:
+    """For a job under Kueue: its Workloads settled (`kueue.settle`), its queue status and condition."""
+    job, observed = seen.job, seen.queue
+    if observed is None:
+        out.set(queue=None)
+        return None
+    if observed.error:
+        reason, message = observed.error
+        if out.condition("QueuedByKueue", True, reason, message):
+            out.emit("Warning", reason, message)
+        out.set(queue=QueueStatus(name=kueue.queue_name(job) or ""))
+        return kueue.Settled(0, (), out.status.queue, (True, reason, message), kueue.Writes())
+    spec, wanted = job.spec, 0
+    if not ended:  # a job trained to the end has no next batch
+        progress = report.progress_from_status(seen.status.progress or ProgressStatus())
+        per_worker = spec.workers.devices_per_worker * spec.batch.micro_batch
+        batch = schedule.plan(spec, progress).policy_batch
+        wanted = allocate.wanted(batch, per_worker, spec.workers.min, spec.workers.max)
+    settled = kueue.settle(
+        job,
+        seen.uid,
+        kueue.template(manifests.worker_pod(job, seen.uid, 0, 0)),
+        observed.slices,
+        wanted,
+        len(pods.live),
+        ended=ended,
+        suspended=spec.suspend,
+        priority=observed.priority,
+    )
+    out.set(queue=settled.status)
+    true, reason, message = settled.queued
+    if out.condition("QueuedByKueue", true, reason, message):
+        out.emit("Warning" if reason == "Evicted" else "Normal", reason, message)
+    return settled
 
 
 def _warn(spec: LargeBatchJobSpec, out: _Status) -> None:
@@ -229,8 +281,11 @@ def _warn(spec: LargeBatchJobSpec, out: _Status) -> None:
             out.emit("Warning", caveat.reason, caveat.message)
 
 
-def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods) -> Actions:
-    """The job's objects, and the worker pods for the controller's decision."""
+def _scale(
+    seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods, queued: kueue.Settled | None
+) -> Actions:
+    """The job's objects, and the worker pods for the controller's decision (within what Kueue admitted,
+    on its flavors' nodes, for a job under Kueue)."""
     job, uid, names = seen.job, seen.uid, Names(seen.job.metadata.name)
     objects, rendezvous = (), ()
     if not any(p["metadata"]["labels"].get(ROLE_LABEL) == "rendezvous" for p in seen.pods):
@@ -238,9 +293,12 @@ def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods)
         objects = (*config, manifests.rendezvous_service(job, uid), manifests.workers_service(job, uid))
         rendezvous = (manifests.rendezvous_pod(job, uid),)
     _throughput(seen, pods, out)
-    decision = _decide(seen, settings, out, pods)
+    decision = _decide(seen, settings, out, pods, queued)
     create, delete = world.pod_changes(decision.workers, pods)
     claim, claim_blocked = job.spec.checkpoint.claim_name, ()
+    flavors = {}
+    if queued is not None and seen.queue is not None:
+        flavors = {name: seen.queue.flavors.get(name) or {} for name in queued.flavors}
     if create and claim and seen.claim_found is None:
         return out.actions(check_claim=claim)
     if create and claim and not seen.claim_found:
@@ -253,6 +311,11 @@ def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods)
     # that gave up close theirs for good).
     live_round = world.live_round(workers_of(seen.pods), pods)
     round_ = live_round if live_round is not None else _round(seen.status) + (1 if create else 0)
+    workers: tuple[dict[str, Any], ...] = ()
+    try:
+        workers = tuple(_placed(manifests.worker_pod(job, uid, i, round_), queued, flavors) for i in create)
+    except ValueError as exc:  # a flavor's node labels contradict the job's node selector
+        claim_blocked = (("FlavorConflict", str(exc)),)
     progress = seen.status.progress or ProgressStatus()
     scaling = Scaling(
         decision=decision,
@@ -275,18 +338,29 @@ def _scale(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods)
         delete=scaling.scaled_down,
         objects=objects,
         rendezvous=rendezvous,
-        workers=tuple(manifests.worker_pod(job, uid, i, round_) for i in create),
+        workers=workers,
         scaling=scaling,
+        queue=queued.writes if queued else None,
     )
 
 
-def _decide(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods) -> controller.Decision:
-    """The controller's decision on what the pods and the last report show, within the job's share."""
+def _placed(pod: dict[str, Any], queued: kueue.Settled | None, flavors: dict[str, Any]) -> dict[str, Any]:
+    return kueue.place(pod, flavors) if queued is not None else pod
+
+
+def _decide(
+    seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods, queued: kueue.Settled | None
+) -> controller.Decision:
+    """The controller's decision on what the pods and the last report show, within the job's share and
+    what Kueue admitted."""
     capacity = _capacity(seen, pods, out, settings)
     share = seen.share
     shared = share is not None and (capacity is None or share.grow_to < capacity)
     if shared:
         capacity = share.grow_to
+    admitted = queued is not None and (capacity is None or queued.workers < capacity)
+    if admitted:
+        capacity = queued.workers
     progress = seen.status.progress or ProgressStatus()
     recent = seen.status.rescales.recent if seen.status.rescales else []
     decision = controller.decide(
@@ -302,6 +376,8 @@ def _decide(seen: Seen, settings: Settings, out: _Status, pods: world.WorkerPods
     )
     if shared and share.reason and decision.changes(len(pods.live)):
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; allocation {share.reason}")
+    if admitted and decision.changes(len(pods.live)):
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; Kueue admitted {queued.workers} workers")
     if decision.kind is controller.Kind.CAPACITY_LIMITED:
         out.condition("CapacityLimited", True, decision.kind.value, decision.reason)
     elif out.is_true("CapacityLimited") and capacity is None:

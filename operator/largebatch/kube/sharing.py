@@ -18,7 +18,7 @@ from typing import Any
 
 from largebatch import allocate, report, schedule, timestamps
 from largebatch.api import LargeBatchJob, LargeBatchJobStatus, ProgressStatus
-from largebatch.kube import world
+from largebatch.kube import kueue, world
 from largebatch.kube.manifests import JOB_LABEL, ROLE_LABEL
 
 ENDED = ("Succeeded", "Failed")
@@ -41,11 +41,14 @@ class Share:
 def demand(job: dict[str, Any], live: int, restart_seconds: float) -> allocate.Demand | None:
     """The allocator's view of a job (a dict as the API returns it) running `live` workers; None for a
     job that takes no part: ended, suspended, trained to the end, or without an accelerator."""
-    spec, status = LargeBatchJob.from_object(job).spec, LargeBatchJobStatus.of(job)
+    model, status = LargeBatchJob.from_object(job), LargeBatchJobStatus.of(job)
+    spec = model.spec
     progress = status.progress or ProgressStatus()
     samples = progress.samples or 0
     if status.phase in ENDED or spec.suspend or spec.workers.accelerator == "none":
         return None
+    if kueue.queue_name(model):
+        return None  # Kueue's quota decides its workers
     if samples >= spec.schedule.total_samples:
         return None
     created = job["metadata"].get("creationTimestamp")
@@ -110,8 +113,10 @@ def held_any(pod: dict[str, Any]) -> bool:
 
 
 def is_worker(pod: dict[str, Any]) -> bool:
+    """A worker of a job that takes part in the sharing: one Kueue admitted holds its queue's quota,
+    as any other pod does."""
     labels = pod.get("metadata", {}).get("labels") or {}
-    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "worker"
+    return JOB_LABEL in labels and labels.get(ROLE_LABEL) == "worker" and kueue.PODSET_LABEL not in labels
 
 
 @dataclass(frozen=True)
