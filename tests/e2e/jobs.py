@@ -113,10 +113,17 @@ def status_of(cluster, namespace: str, name: str) -> dict:
 
 
 def explanation(headline: str, cluster, namespace: str, name: str, pods: PodRunner, log_path) -> str:
-    """Why a wait failed: the headline, the job's status, the pods' logs and the operator's log."""
+    """Why a wait failed: the headline, the job's status, the pods' logs, the namespace's latest Events
+    (the scheduler's refusals among them) and the operator's log, without its retries of requests to an
+    API server that was away (they would fill the tail)."""
     logs = "\n".join(f"--- {p}\n{pods.log(p)[-1500:]}" for p in dict.fromkeys(pods.started))
-    return (f"{headline}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n"
-            f"{logs}\n--- operator\n{log_path.read_text()[-3000:]}")  # fmt: skip
+    events = sorted(client.CoreV1Api(cluster.api).list_namespaced_event(namespace).items,
+                    key=lambda e: str(e.last_timestamp or e.event_time or ""))[-20:]  # fmt: skip
+    said = "\n".join(f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
+                     for e in events)  # fmt: skip
+    operator_log = "\n".join(line for line in log_path.read_text().splitlines() if "Request attempt #" not in line)
+    return (f"{headline}\n{status_of(cluster, namespace, name)}\n{pods.errors}\n{logs}\n--- events\n{said}"
+            f"\n--- operator\n{operator_log[-3000:]}")  # fmt: skip
 
 
 def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, pods: PodRunner, log_path, timeout=300):
