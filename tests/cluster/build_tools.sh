@@ -63,8 +63,11 @@ build addons . remove_all_sd "-X github.com/prometheus/common/version.Version=3.
 # $KUEUE_METRICS_CERT_DIR, laid over tools/kueue/kueue/main.go by `go build -overlay` (Go refuses overlays
 # of the module cache itself); the build stops if the line is not there any more.
 KUEUE_DIR="$BIN/kueue-$KUEUE"
+# The module's folder in the module cache, downloaded first: `go list -m` names no folder for a module
+# not downloaded yet (a fresh machine), and nothing is built from it before the patch needs it.
+kueue_module() { (cd "$here/tools/kueue" && go mod download sigs.k8s.io/kueue && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue); }
 if [ ! -x "$KUEUE_DIR/kueue" ]; then
-    module=$(cd "$here/tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    module=$(kueue_module)
     patched=$(mktemp -d)
     original='metricsCertPath := "/etc/kueue/metrics/certs"'
     grep -qF "$original" "$module/cmd/kueue/main.go" || { echo "kueue $KUEUE: $original is gone" >&2; exit 1; }
@@ -74,7 +77,7 @@ if [ ! -x "$KUEUE_DIR/kueue" ]; then
     rm -r "$patched"
 fi
 if [ ! -d "$KUEUE_DIR/manifests" ]; then
-    module=$(cd "$here/tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    module=$(kueue_module)
     mkdir -p "$KUEUE_DIR/.manifests.tmp"
     install -m 644 "$module"/config/components/crd/bases/*.yaml "$KUEUE_DIR/.manifests.tmp/"
     install -m 644 "$module/config/components/webhook/manifests.yaml" "$KUEUE_DIR/.manifests.tmp/webhooks.yaml"
