@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt dev/test-constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -c dev/test-constraints.txt -e ".[trainer,digits,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -c dev/test-constraints.txt -e ".[trainer,digits,hf,dev]"
 	touch $@
 
 venv: $(STAMP)

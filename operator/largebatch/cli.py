@@ -1,6 +1,7 @@
 """`lbctl`: the command line. This module only declares the commands (their arguments, options and help);
 each forwards to one function of the module that does the work: `plan_output` (plan), `local.session`
-(run --local), `cluster_commands` (run on a cluster, status, describe), `coord_check`, `sweep`. Those read
+(run --local), `cluster_commands` (run on a cluster, status, describe), `coord_check`, `sweep`,
+`model_data` (prepare-data, export). Those read
 the files, call the core, and render the result through `terminal` and `tables`."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import typer
 from largebatch import cluster_commands
 from largebatch.coord_check import coord_check as check_coordinates
 from largebatch.local.session import run_local
+from largebatch.model_data import export as export_model
+from largebatch.model_data import prepare_data
 from largebatch.plan_output import show_plan
 from largebatch.sweep import sweep_local
 
@@ -129,6 +132,40 @@ def sweep_command(
     """μTransfer's LR sweep: short proxy runs at a few widths over a grid of learning rates, the final loss of
     each, the best LR per width, and (--apply) the job with that LR. Stopped sweeps resume."""
     sweep_local(job, widths, lr, local, parallel, samples, out_dir, apply)
+
+
+@app.command("prepare-data")
+def prepare_data_command(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="Text files (one document each) or datasets saved with save_to_disk.", show_default=False),
+    ],
+    tokenizer: Annotated[Path, typer.Option(help="A local tokenizer directory (save_pretrained).", show_default=False)],
+    out: Annotated[Path, typer.Option(help="The token file; its description goes to OUT.json.", show_default=False)],
+    workers: Annotated[int | None, typer.Option(min=1, help="Tokenizing processes (default: CPU cores).")] = None,
+    separator: Annotated[
+        int | None, typer.Option(min=0, help="Token id between documents (default: the tokenizer's end of text).")
+    ] = None,
+    text_column: Annotated[str, typer.Option(help="Datasets: the column holding the text.")] = "text",
+    split: Annotated[str | None, typer.Option(help="Datasets: the split of a DatasetDict.")] = None,
+) -> None:
+    """Tokenize a corpus into a token file for the causal_lm task: in parallel, resumable (run it again after
+    an interruption), then its size and token count."""
+    prepare_data(inputs, tokenizer, out, workers, separator, text_column, split)
+
+
+@app.command()
+def export(
+    job: JobPath,
+    out: Annotated[Path, typer.Option(help="The directory to write the model to.", show_default=False)],
+    step: Annotated[int | None, typer.Option(min=0, help="The checkpoint's step (default: the newest).")] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Where the checkpoints are (default: checkpoint.path).")
+    ] = None,
+) -> None:
+    """Write a checkpoint's model in its task's own format (causal_lm: save_pretrained, safetensors), so that
+    AutoModelForCausalLM.from_pretrained loads it. Training writes the final one to CHECKPOINT/model itself."""
+    export_model(job, checkpoint_dir, step, out)
 
 
 # --- the cluster -------------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ DIVERGED = "training diverged"
 """How the trainer words a NaN or infinite loss. The same steps from the same checkpoint would diverge
 again, so an agent, a runner or the operator that reads it gives up at once instead of restarting."""
 
+MODEL_DIR = "model"
+"""Where, under the checkpoint directory, the trainer writes the trained model in its task's own format
+(`largebatch_trainer.export`), for the runner and the docs to point at."""
+
 
 @dataclass(frozen=True)
 class Rendezvous:

@@ -1,10 +1,12 @@
 """The one door from `largebatch` into `largebatch_trainer`. The operator side otherwise only starts the
-trainer as a process (`python -m largebatch_trainer`); two things of lbctl need it in lbctl's own
-process, and a third needs one function of it:
+trainer as a process (`python -m largebatch_trainer`); these things of lbctl need it in lbctl's own
+process, and one needs a function of it:
 
 - the local shell's and the sweep's preflight load the task here, so that a task that cannot be built is
   refused in seconds, not in a node's log after its launches fail (or as many failed proxy runs);
 - `lbctl coord-check` runs the model at each width to measure its layers' outputs;
+- `lbctl prepare-data` writes the token files the trainer reads, `lbctl export` the model of a checkpoint
+  in the task's own format (`largebatch.model_data`);
 - a sweep's proxy runs die with the sweep, by the trainer's own lifeline.
 
 Every import of `largebatch_trainer` is inside a function, so that `lbctl --help` and the operator do
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from largebatch.api import LargeBatchJobSpec
+    from largebatch_trainer.prepare_data import Summary
 
 
 def preflight_task(entrypoint: str, args: dict, seed: int) -> None:
@@ -42,6 +45,29 @@ def plot_coordinates(table: dict, path: Path, title: str) -> None:
     from largebatch_trainer import coord_check
 
     coord_check.plot(table, path, title=title)
+
+
+def prepare_tokens(
+    inputs: list[Path],
+    tokenizer: str,
+    out: Path,
+    workers: int,
+    separator: int | None,
+    text_column: str,
+    split: str | None,
+    progress: Callable[[int, int], None],
+) -> Summary:
+    """Tokenize `inputs` into the token file `out` (largebatch_trainer.prepare_data); a `JobError` says why not."""
+    from largebatch_trainer import prepare_data
+
+    return prepare_data.prepare(inputs, tokenizer, out, workers, separator, text_column, split, progress)
+
+
+def export_model(spec: LargeBatchJobSpec, checkpoint_dir: Path, step: int | None, out: Path) -> tuple[int, Path]:
+    """Write the model of a checkpoint (the newest when `step` is None) in its task's format to `out`."""
+    from largebatch_trainer import export
+
+    return export.from_checkpoint(spec, checkpoint_dir, step, out)
 
 
 def lifeline(signum: int, parent: int) -> Callable[[], None]:

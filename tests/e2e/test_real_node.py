@@ -108,6 +108,29 @@ def test_the_images_run_the_torch_the_tests_run_as_uid_1000(images, docker):
         assert docker.run("image", "inspect", "--format={{.Config.User}}", image).stdout.strip() == "1000"
 
 
+# In the trainer image, offline: a token file, a tiny Llama built by the causal_lm task, written with its
+# save_model and loaded back by transformers with the same logits; and the library prepare-data reads.
+HF_IN_THE_IMAGE = """
+import pathlib, tempfile, numpy, torch, datasets
+from transformers import AutoModelForCausalLM
+from largebatch_trainer.tasks import load_task
+from largebatch_trainer.token_files import TokenMeta
+folder = pathlib.Path(tempfile.mkdtemp()); data = folder / "t.bin"
+(numpy.arange(4000) % 64).astype(numpy.uint16).tofile(data); TokenMeta("uint16", 64, separator=0).write(data)
+config = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+          "max_position_embeddings": 32}
+task = load_task("largebatch_trainer.tasks:causal_lm", {"modelType": "llama", "config": config,
+                 "data": str(data), "context": 16}, 0)
+task.save_model(task.model.eval(), folder / "model"); x = task.dataset[0][None]
+print(torch.equal(AutoModelForCausalLM.from_pretrained(folder / "model").eval()(x).logits, task.model(x).logits))
+"""
+
+
+def test_the_trainer_image_trains_and_writes_hugging_face_models_offline(images, docker):
+    inside = docker.run("run", "--rm", "--network=none", images.trainer, "python", "-c", HF_IN_THE_IMAGE)
+    assert inside.stdout.strip().splitlines()[-1] == "True", inside.stdout + inside.stderr
+
+
 def test_the_real_node_runs_pods_through_containerd(cluster, core):
     info = core.read_node(node.NAME).status.node_info
     assert info.container_runtime_version.startswith("containerd://1.")

@@ -11,12 +11,14 @@ from largebatch.api import LargeBatchJob
 from largebatch_trainer import forked
 from largebatch_trainer.data import SampleStream
 from largebatch_trainer.tasks import load_task
-from tests.integration.trainer_helpers import final_state, params, run_standalone, write_job
+from tests.integration.trainer_helpers import final_state, params, relative_distance, run_standalone, write_job
 
 pytestmark = pytest.mark.integration
 
-# Seesaw from 10 to 40 over 240 samples: the batch and LR change, and 10 over 3 ranks is uneven.
-POLICY = {"initial": 10, "max": 40, "policy": {"type": "seesaw"}}
+# Seesaw from 10 to 40 over 240 samples: the batch and LR change, and 10 over 3 ranks is uneven. Without
+# the critical-batch cap: the noise scale is measured from each micro-batch's gradient, so runs split
+# differently measure different values, and a cap could hold one run's batch where the other's grows.
+POLICY = {"initial": 10, "max": 40, "policy": {"type": "seesaw", "seesaw": {"capAtCriticalBatch": False}}}
 SCHEDULE = {"totalSamples": 240, "warmupSamples": 20, "minLrRatio": 0.05}
 
 
@@ -137,11 +139,6 @@ def test_batchnorm_parameters_are_the_same_at_every_world_size(tmp_path, nproc, 
     assert (step, samples) == (steps, 200) and 0.0 <= accuracy <= 1.0
 
 
-def _relative_distance(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
-    difference = torch.cat([(got[k] - expected[k]).flatten() for k in expected])
-    return float(difference.norm() / torch.cat([v.flatten() for v in expected.values()]).norm())
-
-
 def test_bf16_stays_within_a_bound_of_fp32_and_of_itself_at_another_world_size(tmp_path):
     """bf16 gives up exactness (docs/trainer.md, "Accelerators and precision"): each micro-batch's
     matmuls round to 8 significant bits, so another split rounds differently, and a bf16 all-reduce
@@ -159,8 +156,8 @@ def test_bf16_stays_within_a_bound_of_fp32_and_of_itself_at_another_world_size(t
         run_standalone(path, nproc)
         final[name] = params(final_state(tmp_path / f"{name}-ckpt"))
         assert final[name]["weight"].dtype == torch.float32  # master weights stay fp32
-    to_fp32 = _relative_distance(final["bf16"], hand_written_full_batch_sgd(path))
-    across_world = _relative_distance(final["bf16-2-ranks"], final["bf16"])
+    to_fp32 = relative_distance(final["bf16"], hand_written_full_batch_sgd(path))
+    across_world = relative_distance(final["bf16-2-ranks"], final["bf16"])
     print(f"relative distance of bf16 to fp32 {to_fp32:.2e}, across world sizes {across_world:.2e}")
     assert 1e-5 < to_fp32 < 0.02  # above the fp32 tolerance: bf16 did run
     assert across_world < 0.02

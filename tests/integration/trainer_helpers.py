@@ -75,6 +75,12 @@ def params(state: dict) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+def relative_distance(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    """|got - expected| / |expected| over all of `expected`'s tensors, as one vector."""
+    difference = torch.cat([(got[k] - expected[k]).flatten() for k in expected])
+    return float(difference.norm() / torch.cat([v.flatten() for v in expected.values()]).norm())
+
+
 def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:
     """(first sample, end sample) of each history run, from [first step, first sample, batch, world, steps]."""
     return [(first, first + batch * steps) for _, first, batch, _, steps in history]
@@ -85,9 +91,12 @@ def covered_samples(history: list[list[int]]) -> list[tuple[int, int]]:
 LBCTL = [PYTHON, "-m", "largebatch"]
 
 
-def lbctl_run(job: Path, run_dir: Path, *extra: str, timeout: float = 400, env=None) -> subprocess.CompletedProcess:
+def lbctl_run(
+    job: Path, run_dir: Path, *extra: str, timeout: float = 400, env=None, wrap=lambda command: command
+) -> subprocess.CompletedProcess:
+    """`lbctl run --local`, its command line passed through `wrap` (to start it somewhere, e.g. a cgroup)."""
     command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or trainer_env())
+    return subprocess.run(wrap(command), capture_output=True, text=True, timeout=timeout, env=env or trainer_env())
 
 
 def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:

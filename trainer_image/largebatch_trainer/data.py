@@ -1,6 +1,8 @@
 """The global sample stream: a seeded permutation of the dataset, epoch after epoch.
 
-Position p of the stream is sample `perm(p // N)[p % N]`. Step s takes the next B_s positions and each
+Position p of the stream is sample `perm(p // N)[p % N]`, where `perm(e)` is epoch e's permutation
+(`largebatch_trainer.shuffle`: computed index by index, so a dataset of any size costs only the indices
+a step asks for). Step s takes the next B_s positions and each
 rank a consecutive slice of them, so progress is one number (samples consumed) and a restart at any
 world size continues exactly where the last checkpoint stopped. `to_device` moves a batch to the
 training device.
@@ -11,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from largebatch.errors import DataError
+from largebatch_trainer import shuffle
 
 
 class SampleStream:
@@ -21,15 +25,6 @@ class SampleStream:
         if size < 1:
             raise DataError("the task's dataset is empty")
         self.size, self.seed = size, seed
-        self._perms: dict[int, torch.Tensor] = {}
-
-    def _perm(self, epoch: int) -> torch.Tensor:
-        if epoch not in self._perms:
-            if len(self._perms) >= 2:  # a step spans at most two epochs
-                self._perms.pop(min(self._perms))
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perms[epoch] = torch.randperm(self.size, generator=generator)
-        return self._perms[epoch]
 
     def indices(self, start: int, count: int) -> list[int]:
         """Dataset indices at stream positions start .. start+count-1."""
@@ -38,7 +33,8 @@ class SampleStream:
         while len(out) < count:
             epoch, offset = divmod(position, self.size)
             take = min(count - len(out), self.size - offset)
-            out += self._perm(epoch)[offset : offset + take].tolist()
+            offsets = np.arange(offset, offset + take, dtype=np.uint64)
+            out += shuffle.permute(offsets, self.size, self.seed, epoch).tolist()
             position += take
         return out
 

@@ -8,8 +8,8 @@ full-batch gradient), all-reduce the step's statistics in one collective while t
 gradient noise scale (`_update_noise`), advance the progress. A NaN or infinite loss stops every rank
 with `largebatch.errors.DivergenceError`. Checkpoints on a cadence, on SIGTERM/SIGINT and at the end,
 gathered from the parts that own their state (`largebatch_trainer.stateful`); the newest one is loaded
-on every start. The precision, the all-reduce dtype and torch.compile are
-`largebatch_trainer.accelerator`'s.
+on every start. At the end, a task with a model format of its own writes the model in it (`export`).
+The precision, the all-reduce dtype and torch.compile are `largebatch_trainer.accelerator`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from largebatch import launch, report, schedule
 from largebatch.api import LargeBatchJob, PlanStatus
 from largebatch.errors import DivergenceError, SetupError
-from largebatch_trainer import accelerator, checkpoint, evaluation, noise, optim, reporting, stateful
+from largebatch_trainer import accelerator, checkpoint, evaluation, export, noise, optim, reporting, stateful
 from largebatch_trainer.data import SampleStream, to_device
 from largebatch_trainer.distributed import DistEnv, choose_device, init_process_group, restarts_of_any_agent
 from largebatch_trainer.metrics import Metrics
@@ -175,7 +175,15 @@ class Trainer:
                 self._report(force=True)
                 print(f"rank {self.env.rank}: stopped after step {self.progress.step}", file=sys.stderr, flush=True)
                 return False
+        self._export_model()
         return True
+
+    def _export_model(self) -> None:
+        """The trained model in its own format, for a task that has one, beside the checkpoints."""
+        if self.task.save_model is None or self.env.rank != 0:
+            return
+        out = export.write(self.task, self.module, self.options.checkpoint_dir / export.MODEL_DIR)
+        print(f"wrote the trained model (step {self.progress.step}) to {out}", flush=True)
 
     def _step(self) -> bool:
         """One optimizer step: plan it, run this rank's micro-steps, all-reduce the step's statistics while

@@ -12,7 +12,7 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from largebatch import controller, trainer_facade
+from largebatch import controller, launch, trainer_facade
 from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.errors import JobError
 from largebatch.tables import summary_table
@@ -113,6 +113,9 @@ def _session(manifest: LargeBatchJob, job: Path, options) -> NoReturn:
     except record.RecordError as exc:
         raise fail(exc, code or 2) from None
     console.print(summary_table(result, json_path, png_path))
+    model = runner.run_dir / "checkpoints" / launch.MODEL_DIR
+    if code == 0 and model.is_dir():
+        console.print(f"The trained model, in its own format: {escape(str(model))}", soft_wrap=True)
     if code > 128:
         console.print("Stopped. Run the same command again to resume from the last checkpoint in "
                       f"{escape(str(runner.run_dir))}.")  # fmt: skip

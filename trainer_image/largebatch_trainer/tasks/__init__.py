@@ -10,11 +10,14 @@ returns a `Task`:
 - `loss(model, batch) -> (loss_sum, count)`: the *sum* of per-sample losses over the batch, and the
   number of samples. The trainer divides by the global batch, so the update is the full-batch update
   whatever the world size and accumulation;
-- optionally `eval_dataset` (held-out samples), `tokens_per_sample` (for tokens/s) and
-  `accuracy(model, batch) -> (correct, count)` for a classifier (reported as `evalAccuracy`).
+- optionally `eval_dataset` (held-out samples), `tokens_per_sample` (for tokens/s),
+  `accuracy(model, batch) -> (correct, count)` for a classifier (reported as `evalAccuracy`) and
+  `save_model(model, directory)`, which writes the model in its own format (rank 0 calls it into
+  `<checkpoint.path>/model` at the end of training; `lbctl export` from any checkpoint).
 
 The built-in tasks are `largebatch_trainer.tasks:pylm`, `largebatch_trainer.tasks:linreg` and
-`largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`), and
+`largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`),
+`largebatch_trainer.tasks:causal_lm` (a Hugging Face causal LM on a token file; needs `largebatch[hf]`) and
 `largebatch_trainer.tasks:simulated` (no learning: each sample takes `secondsPerSample` of wall time, for
 trying out allocations, quotas and dashboards without accelerators).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,6 +61,8 @@ class Task:
     collate: Callable[[list], Any] = torch.utils.data.default_collate
     accuracy: AccuracyFn | None = None
     """(samples classified right, samples) over a held-out batch, the model in eval mode."""
+    save_model: Callable[[torch.nn.Module, Path], None] | None = None
+    """Write the trained model in its own format (e.g. `save_pretrained`) into a new directory."""
 
 
 def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:
@@ -109,5 +115,11 @@ def simulated(**args: Any) -> Task:
 
 def digits(**args: Any) -> Task:
     from largebatch_trainer.tasks.digits_resnet import build
+
+    return build(**args)
+
+
+def causal_lm(**args: Any) -> Task:
+    from largebatch_trainer.tasks.hf_causal_lm import build
 
     return build(**args)

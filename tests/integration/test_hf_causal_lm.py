@@ -1,0 +1,160 @@
+"""The causal_lm task with real processes: a corpus tokenized by `lbctl prepare-data` with a tokenizer trained
+here, tiny GPT-2 and Llama models (random init, no download) trained by `lbctl run --local`, the same
+parameters at world sizes 1 and 3, the saved model loaded back by transformers with the trainer's logits,
+and a token file larger than the memory the run may use."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from largebatch_trainer import export
+from largebatch_trainer.tasks import load_task
+from largebatch_trainer.token_files import TokenMeta
+from tests.integration.hf_helpers import make_tokenizer, texts
+from tests.integration.memory_limit import MemoryLimit
+from tests.integration.trainer_helpers import (
+    LBCTL,
+    PYTHON,
+    final_state,
+    lbctl_run,
+    params,
+    relative_distance,
+    run_standalone,
+    spec_of,
+    write_job,
+)
+
+pytestmark = pytest.mark.integration
+
+VOCAB = 512
+NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+MODELS = {
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64} | NO_DROPOUT,
+    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 64},
+}  # fmt: skip
+# Not capped at the critical batch: the noise scale is measured differently at each world size, so a cap
+# would make the two runs' batches, not only their float rounding, differ.
+SEESAW = {"type": "seesaw", "seesaw": {"capAtCriticalBatch": False}}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A token file of the standard library's first 40 modules, made as a user makes one."""
+    directory = tmp_path_factory.mktemp("corpus")
+    tokenizer = make_tokenizer(directory / "tokenizer", VOCAB)
+    out = directory / "train.bin"
+    command = [*LBCTL, "prepare-data", *map(str, texts(40)), "--tokenizer", str(tokenizer), "--out", str(out),
+               "--workers", "2"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tokens in 40 documents" in result.stdout
+    return out
+
+
+def causal_lm_job(tmp_path: Path, name: str, model_type: str, data: Path, **spec) -> Path:
+    task = {
+        "entrypoint": "largebatch_trainer.tasks:causal_lm",
+        "args": {"modelType": model_type, "config": MODELS[model_type], "data": str(data), "context": 32},
+    }
+    settings = {
+        "batch": {"initial": 8, "max": 24, "microBatchPerDevice": 4, "policy": SEESAW},
+        # SGD: Adam's update has the size of the LR even where the gradient is float noise (GPT-2's key bias,
+        # to which softmax is blind), which would make runs at two world sizes differ by the LR, not by eps.
+        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        "schedule": {"totalSamples": 480, "warmupSamples": 48},
+        "evaluation": {"everySamples": 480, "samples": 32},
+    }
+    return write_job(tmp_path, name, task=task, **(settings | spec))
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_a_tiny_model_trains_the_same_at_world_sizes_1_and_3_and_loads_back(tmp_path, corpus, model_type):
+    job = causal_lm_job(tmp_path, "local", model_type, corpus)
+    result = lbctl_run(job, tmp_path / "run")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    state = final_state(checkpoints)
+    assert state["progress"]["samples"] == 480
+    step, samples, held_out, _ = state["evaluations"][-1]
+    assert samples == 480 and held_out < math.log(VOCAB) - 0.5, "it learned next to nothing"
+
+    # Three ranks with accumulation (8 = 3 + 3 + 2, micro-batches of 2) take the same steps.
+    candidate = causal_lm_job(tmp_path, "three", model_type, corpus, batch={
+        "initial": 8, "max": 24, "microBatchPerDevice": 2, "policy": SEESAW})  # fmt: skip
+    run_standalone(candidate, 3)
+    got = final_state(tmp_path / "three-ckpt")
+    assert got["progress"]["samples"] == 480 and {run[3] for run in got["history"]} == {3}
+    # The same to float rounding, measured over the whole model: 7e-8 (GPT-2) and 3e-6 (Llama). Summed in
+    # another order (an embedding row's gradient adds up every occurrence of its token), the rounding
+    # grows over 44 steps. A sample skipped, repeated or weighted wrong is an eighth of a step's gradient.
+    assert relative_distance(params(got), params(state)) < 3e-5
+
+    # The model written at the end is the trainer's final model, as transformers loads it.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved = checkpoints / export.MODEL_DIR
+    assert f"The trained model, in its own format: {saved}" in result.stdout
+    assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True)
+    spec = spec_of(job)
+    task = load_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
+    task.model.load_state_dict(params(state))
+    task.model.eval()
+    window = task.eval_dataset[0][None, :-1]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(window).logits, task.model(window).logits, rtol=0, atol=0)
+    tokenizer = AutoTokenizer.from_pretrained(saved, local_files_only=True)
+    assert len(tokenizer) == VOCAB and tokenizer.eos_token == "<|endoftext|>"
+
+
+def test_lbctl_export_writes_the_model_of_an_earlier_checkpoint(tmp_path, corpus):
+    job = causal_lm_job(tmp_path, "export", "gpt2", corpus, checkpoint={"path": str(tmp_path / "ckpt"),
+                                                                         "everySteps": 10, "keep": 100})  # fmt: skip
+    run_standalone(job, 0)
+    out = tmp_path / "step-10"
+    result = subprocess.run([*LBCTL, "export", str(job), "--step", "10", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wrote the model of step 10" in result.stdout
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).state_dict()
+    at_ten = final_state_of_step(tmp_path / "ckpt", 10)
+    final = final_state(tmp_path / "ckpt")["model"]
+    name = "transformer.h.0.attn.c_attn.weight"
+    assert torch.equal(loaded[name], at_ten[name]) and not torch.equal(loaded[name], final[name])
+    missing = subprocess.run([*LBCTL, "export", str(job), "--step", "7", "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert missing.returncode == 2 and "no checkpoint of step 7" in missing.stderr and not (tmp_path / "x").exists()
+
+
+def final_state_of_step(directory: Path, step: int) -> dict:
+    from largebatch_trainer import checkpoint
+
+    return checkpoint.load(checkpoint.path_for(directory, step))["model"]
+
+
+def test_a_token_file_larger_than_the_memory_limit_trains_without_loading_it(tmp_path):
+    """6 GiB of tokens (a sparse file: zeros, no disk) under a 2 GiB memory limit on every process of the run.
+    Reading the file into memory in that limit is killed, which shows that the limit holds."""
+    data = tmp_path / "huge.bin"
+    with data.open("wb") as handle:
+        handle.truncate(6 << 30)
+    TokenMeta("uint16", VOCAB, separator=0, tokens=3 << 30).write(data)
+    job = causal_lm_job(tmp_path, "huge", "gpt2", data, schedule={"totalSamples": 96, "warmupSamples": 8})
+    with MemoryLimit(tmp_path.name, 2 << 30) as limit:
+        loading = subprocess.run(
+            limit.command([PYTHON, "-c", f"import numpy; numpy.fromfile({str(data)!r}, numpy.uint16).sum()"]),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert loading.returncode == -9, f"the limit did not stop a process that loads the file: {loading}"
+        result = lbctl_run(job, tmp_path / "run", wrap=limit.command)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    state = final_state(tmp_path / "run" / "checkpoints")
+    assert state["progress"]["samples"] == 96 and math.isfinite(state["evaluations"][-1][2])
