@@ -68,6 +68,20 @@ def test_every_example_is_accepted_and_defaults_apply(crd, namespace):
             "metrics.port + workers.devicesPerWorker - 1 must be <= 65535",
         ),
         (lambda s: s.update(suspend="yes"), "spec.suspend: Invalid value"),
+        (
+            lambda s: s["workers"].setdefault("pod", {}).update(volumes=[{"claimName": "c", "mountPath": "/dev/shm"}]),
+            "workers.pod.volumes: a mountPath is taken by the checkpoints",
+        ),
+        (
+            lambda s: (
+                s["workers"].setdefault("pod", {}).update(volumes=[{"claimName": c, "mountPath": "/d"} for c in "ab"])
+            ),
+            "two volumes cannot share a mountPath",
+        ),
+        (
+            lambda s: s["workers"].setdefault("pod", {}).update(volumes=[{"claimName": "c", "mountPath": "data"}]),
+            "spec.workers.pod.volumes[0].mountPath: Invalid value",
+        ),
     ],
 )
 def test_bad_jobs_are_rejected_at_apply_with_the_rule_message(crd, namespace, change, message):

@@ -3,7 +3,8 @@ base, loaded into the node's containerd), `helm install` runs the chart's operat
 with containerd and runc, logged in with its in-cluster ServiceAccount token, under a read-only root
 filesystem as uid 1000, ready by its probe; a job applied with `kubectl apply` runs its rendezvous and
 workers in the trainer image on that node (Service names through CoreDNS, Service addresses through
-kube-proxy), writes its checkpoints to a volume the kubelet gave its `fsGroup`, grows at the cut and
+kube-proxy), reads a data volume mounted read-only, writes its checkpoints to a volume the kubelet gave
+its `fsGroup`, grows at the cut and
 succeeds with every sample used; `kubectl logs` shows a worker's progress; a deleted worker (SIGTERM to
 PID 1 of its container) checkpoints and the restart loses nothing; a failing worker's termination
 message and a refused pull reach the job's conditions; `helm uninstall` stops the operator pod, whose
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,28 +65,41 @@ def pod_memory(cluster, pod: str, namespace: str) -> int:
     return found["memory"]["workingSetBytes"]
 
 
-@pytest.fixture
-def checkpoints(cluster, core, namespace):
+def local_claim(cluster, core, namespace: str, name: str) -> Path:
     """A ReadWriteMany claim bound to a `local` volume: a folder of the real node that only root may write
     to, as an export is before the kubelet applies the pods' `fsGroup` to it (a `local` volume takes it;
     hostPath would not). The node is alone, so every pod on it shares the folder."""
-    folder = cluster.directory / f"volume-{namespace}"
+    folder = cluster.directory / f"volume-{namespace}-{name}"
     folder.mkdir(mode=0o755)
     on_the_node = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": [node.NAME]}]}]}}  # fmt: skip
     core.create_persistent_volume({
-        "metadata": {"name": f"{namespace}-checkpoints"},
+        "metadata": {"name": f"{namespace}-{name}"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "manual",
                  "local": {"path": str(folder)}, "nodeAffinity": on_the_node,
-                 "claimRef": {"namespace": namespace, "name": "checkpoints"}},
+                 "claimRef": {"namespace": namespace, "name": name}},
     })  # fmt: skip
     core.create_namespaced_persistent_volume_claim(namespace, {
-        "metadata": {"name": "checkpoints"},
+        "metadata": {"name": name},
         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "volumeName": f"{namespace}-checkpoints", "resources": {"requests": {"storage": "1Gi"}}},
+                 "volumeName": f"{namespace}-{name}", "resources": {"requests": {"storage": "1Gi"}}},
     })  # fmt: skip
-    yield folder
+    return folder
+
+
+@pytest.fixture
+def checkpoints(cluster, core, namespace):
+    yield local_claim(cluster, core, namespace, "checkpoints")
     core.delete_persistent_volume(f"{namespace}-checkpoints")
+
+
+@pytest.fixture
+def corpus(cluster, core, namespace):
+    """A claim holding data, which a job mounts with workers.pod.volumes."""
+    folder = local_claim(cluster, core, namespace, "corpus")
+    (folder / "train.txt").write_text("the data volume\n")
+    yield folder
+    core.delete_persistent_volume(f"{namespace}-corpus")
 
 
 def on_the_real_node(name: str, image: str, **workers) -> dict:
@@ -137,7 +152,7 @@ def test_the_real_node_runs_pods_through_containerd(cluster, core):
     assert info.kubelet_version == "v1.36.3"  # the control plane's own Kubernetes module
 
 
-def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, namespace, core, checkpoints):
+def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, namespace, core, checkpoints, corpus):
     release, home = "real", f"{namespace[:40]}-ops"
     label = node.LABEL.replace(".", "\\.")  # helm --set reads dots as nesting
     # --set-json: --set reads 0.5 as a string, which the chart's schema refuses.
@@ -169,32 +184,28 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
 
         document = on_the_real_node("real", images.trainer)
         document["spec"]["checkpoint"] = {"path": "/ckpt", "claimName": "checkpoints", "everySteps": 100_000}
-        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
-                                    "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
-        document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
+        document["spec"]["workers"]["pod"]["volumes"] = [{"claimName": "corpus", "mountPath": "/data"}]
+        # Samples that take a fixed time (a sleep, not compute): the run lasts about two minutes however
+        # busy the machine is, long enough for what the test looks at while it trains (a small GPT's run
+        # ended before the test saw the second worker, on an idle machine and under two CPU hogs alike).
+        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:simulated",
+                                    "args": {"secondsPerSample": 0.002}}  # fmt: skip
         created = time.monotonic()
         assert apply(crd, document, namespace).returncode == 0
         waited(lambda: state().get("progress", {}).get("step", 0) > 0, "the first step")
         first_step = time.monotonic() - created
 
-        # Beside it, what a real kubelet reports for a worker that fails and for an image it cannot pull.
-        broken = on_the_real_node("broken", images.trainer, maxRestarts=0)
-        broken["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
-        assert apply(crd, broken, namespace).returncode == 0
-        missing = images.trainer.rsplit(":", 1)[0] + ":not-loaded"  # and no registry answers for its domain
-        assert apply(crd, on_the_real_node("nopull", missing), namespace).returncode == 0
-        failed = waited(lambda: condition(crd, namespace, "broken", "Failed"), "the broken job failed")
-        # Its worker's last words, from the termination message the kubelet took from its log.
-        assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed
-        blocked = waited(lambda: condition(crd, namespace, "nopull", "WorkersBlocked"), "the pull refused")
-        assert blocked["reason"] in ("ErrImagePull", "ImagePullBackOff") and "not-loaded" in blocked["message"], blocked
-        crd.kubectl("delete", "lbj", "broken", "nopull", "-n", namespace)
-
-        worker = crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout
-        assert re.search(r"^step \d+ samples \d+/\d+ batch 16 \(world 1 x accumulation 1\)", worker, re.M), worker
+        # Worker 0 while it trains; the other jobs below wait until it has succeeded.
+        first_line = re.compile(r"^step \d+ samples \d+/\d+ batch 16 \(world 1 x accumulation 1\)", re.M)
+        waited(lambda: first_line.search(crd.kubectl("logs", "real-worker-0", "-n", namespace).stdout),
+               "worker 0 logging a step at batch 16 on one worker")  # fmt: skip
         threads = crd.kubectl("exec", "real-worker-0", "-n", namespace, "--", "python", "-c",
                               "import torch; print(torch.get_num_threads())").stdout  # fmt: skip
         assert threads.strip() == "1", threads  # its CPU limit, not the machine's cores
+        # The data volume: readable, and read-only unless the job says otherwise.
+        data = "from pathlib import Path as P; print(P('/data/train.txt').read_text().strip()); P('/data/x').touch()"
+        wrote = crd.kubectl("exec", "real-worker-0", "-n", namespace, "--", "python", "-c", data, check=False)
+        assert wrote.stdout.strip() == "the data volume" and "Read-only file system" in wrote.stderr, wrote
 
         # The cut: a second worker joins through the rendezvous Service (CoreDNS, kube-proxy).
         waited(lambda: state().get("plan", {}).get("worldSize") == 2, "two workers after the cut")
@@ -209,6 +220,20 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         assert found.group(1) == found.group(2), found.group(0)
         waited(lambda: state().get("phase") == "Succeeded", "the job to succeed")
         status = state()
+
+        # Then what a real kubelet reports for a worker that fails and for an image it cannot pull.
+        broken = on_the_real_node("broken", images.trainer, maxRestarts=0)
+        broken["spec"]["task"]["entrypoint"] = "largebatch_trainer.tasks:no_such_task"
+        assert apply(crd, broken, namespace).returncode == 0
+        missing = images.trainer.rsplit(":", 1)[0] + ":not-loaded"  # and no registry answers for its domain
+        assert apply(crd, on_the_real_node("nopull", missing), namespace).returncode == 0
+        failed = waited(lambda: condition(crd, namespace, "broken", "Failed"), "the broken job failed")
+        # Its worker's last words, from the termination message the kubelet took from its log.
+        assert "broken-worker-0:" in failed["message"] and "no_such_task" in failed["message"], failed
+        blocked = waited(lambda: condition(crd, namespace, "nopull", "WorkersBlocked"), "the pull refused")
+        assert blocked["reason"] in ("ErrImagePull", "ImagePullBackOff") and "not-loaded" in blocked["message"], blocked
+        crd.kubectl("delete", "lbj", "broken", "nopull", "-n", namespace)
+
         memory = pod_memory(crd, pod.metadata.name, home)
         print(f"the operator's pod: {memory / 2**20:.0f} MiB working set after the job")
         assert memory < 512 * 2**20  # the chart's limit

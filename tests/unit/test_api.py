@@ -157,6 +157,7 @@ def test_base_batch_defaults_to_the_initial_batch():
 # Where in a spec each model with rules sits (the object its CEL rules see as `self`).
 RULE_LEVELS = {
     api.WorkersSpec: ["workers"],
+    api.PodOverrides: ["workers", "pod"],
     api.SeesawSpec: ["batch", "policy", "seesaw"],
     api.PolicySpec: ["batch", "policy"],
     api.BatchSpec: ["batch"],
@@ -185,11 +186,17 @@ def test_every_model_with_rules_is_covered():
 
 
 estimators = st.sampled_from(["simple", "preconditioned"])
+# Mount paths that clash with each other, with the checkpoints (theirs or the default) and with the pod's own.
+mount_paths = st.sampled_from(["/data", "/ckpt", api.CHECKPOINT_PATH_DEFAULT, api.JOB_DIR, api.SHM_DIR])
+data_volumes = st.fixed_dictionaries({"claimName": st.just("corpus"), "mountPath": mount_paths})
 candidate_specs = st.fixed_dictionaries(
     {
         "workers": st.fixed_dictionaries(
             {"min": st.integers(1, 6), "max": st.integers(1, 6)},
-            optional={"accelerator": st.sampled_from(["nvidia.com/gpu", "google.com/tpu", "none"])},
+            optional={
+                "accelerator": st.sampled_from(["nvidia.com/gpu", "google.com/tpu", "none"]),
+                "pod": st.fixed_dictionaries({"volumes": st.lists(data_volumes, max_size=3)}),
+            },
         ),
         "batch": st.fixed_dictionaries(
             {
@@ -237,7 +244,11 @@ candidate_specs = st.fixed_dictionaries(
             }
         ),
     },
-    optional={"precision": st.sampled_from(["fp32", "bf16"]), "gradientAllReduce": st.sampled_from(["fp32", "bf16"])},
+    optional={
+        "precision": st.sampled_from(["fp32", "bf16"]),
+        "gradientAllReduce": st.sampled_from(["fp32", "bf16"]),
+        "checkpoint": st.fixed_dictionaries({"path": st.sampled_from(["/ckpt", "/data"])}),
+    },
 )
 
 

@@ -113,6 +113,20 @@ def test_checkpoints_go_to_the_claim_when_there_is_one():
     assert {v["name"]: v for v in scratch["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
 
 
+def test_data_volumes_are_mounted_read_only_unless_asked_beside_the_operators_own():
+    volumes = [
+        {"claimName": "corpus", "mountPath": "/data"},
+        {"claimName": "scratch", "mountPath": "/job", "readOnly": False},
+    ]
+    pod = manifests.worker_pod(job(workers={"pod": {"volumes": volumes}}), UID, 0, 1)["spec"]
+    claims = {v["name"]: v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {"data-0": {"claimName": "corpus", "readOnly": True},
+                      "data-1": {"claimName": "scratch", "readOnly": False}}  # fmt: skip
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["data-0"] == {"name": "data-0", "mountPath": "/data", "readOnly": True}
+    assert mounts["data-1"]["readOnly"] is False and {"job", "checkpoints", "shm"} <= set(mounts)
+
+
 def test_workers_run_as_non_root_and_only_the_trainer_account_has_a_token():
     j = job()
     worker = manifests.worker_pod(j, UID, 0, 1)["spec"]

@@ -65,7 +65,7 @@ def read_meta(path: Path, arg: str) -> TokenMeta:
     """The token file's description, checked against the file. `arg` names the task arg for errors."""
     if not path.is_file():
         raise DataError(f"{arg}: token file {path} does not exist: make it with `lbctl prepare-data` and put it on "
-                        "a volume the job mounts (the checkpoint claim, or spec.workers.volumes)")  # fmt: skip
+                        "a volume the job mounts (workers.pod.volumes, or the checkpoint claim)")  # fmt: skip
     described = meta_path(path)
     if not described.is_file():
         raise DataError(

@@ -45,6 +45,7 @@ from largebatch.api.batch import (  # noqa: F401
     SeesawSpec,
 )
 from largebatch.api.spec import (  # noqa: F401
+    CHECKPOINT_PATH_DEFAULT,
     CheckpointSpec,
     EvaluationSpec,
     LargeBatchJobSpec,
@@ -66,6 +67,9 @@ from largebatch.api.status import (  # noqa: F401
 )
 from largebatch.api.workers import (  # noqa: F401
     BF16_BY_DEFAULT,
+    JOB_DIR,
+    SHM_DIR,
+    DataVolume,
     PodOverrides,
     Resources,
     SecretName,

@@ -20,6 +20,8 @@ from largebatch.api.batch import (
 )
 from largebatch.api.workers import (
     BF16_BY_DEFAULT,
+    JOB_DIR,
+    SHM_DIR,
     TaskSpec,
     WorkersSpec,
 )
@@ -99,10 +101,13 @@ class EvaluationSpec(_Model):
     """Held-out samples each evaluation takes (the first ones of the task's held-out set)."""
 
 
+CHECKPOINT_PATH_DEFAULT = "/var/lib/largebatch/checkpoints"
+
+
 class CheckpointSpec(_Model):
     """Where and how often the trainer checkpoints; every restart resumes from the newest one."""
 
-    path: str = Field(default="/var/lib/largebatch/checkpoints", min_length=1, max_length=1024)
+    path: str = Field(default=CHECKPOINT_PATH_DEFAULT, min_length=1, max_length=1024)
     """Directory of the checkpoints (shared by all workers)."""
     claim_name: str | None = Field(default=None, max_length=253)
     """PersistentVolumeClaim mounted at `path` in every worker pod (Kubernetes only)."""
@@ -170,6 +175,19 @@ class LargeBatchJobSpec(_Model):
     these on an existing job rather than accept an edit that never reaches the workers."""
 
     rules = (
+        Rule(
+            "!has(self.workers) || !has(self.workers.pod) || !has(self.workers.pod.volumes) || "
+            "self.workers.pod.volumes.all(v, !(v.mountPath in "
+            f"['{JOB_DIR}', '{SHM_DIR}', has(self.checkpoint) && has(self.checkpoint.path) ? self.checkpoint.path"
+            f" : '{CHECKPOINT_PATH_DEFAULT}']))",
+            f"workers.pod.volumes: a mountPath is taken by the checkpoints (checkpoint.path), the job file "
+            f"({JOB_DIR}) or {SHM_DIR}: mount the volume elsewhere",
+            lambda s: not {v.mount_path for v in s.workers.pod.volumes} & {JOB_DIR, SHM_DIR, s.checkpoint.path},
+            lambda s: (
+                f"mountPaths={[v.mount_path for v in s.workers.pod.volumes]}, checkpoint.path={s.checkpoint.path}"
+            ),
+            ".workers.pod.volumes",
+        ),
         Rule(
             "self.batch.policy.type != 'seesaw' || self.schedule.decay != 'constant'",
             "batch.policy.type seesaw needs a decaying schedule: set schedule.decay to cosine or linear",

@@ -60,8 +60,27 @@ class SecretName(_Model):
     """The Secret's name."""
 
 
+# Folders every worker pod mounts besides the checkpoints: the job file (a ConfigMap) and a larger /dev/shm.
+JOB_DIR = "/etc/largebatch"
+SHM_DIR = "/dev/shm"
+
+
+class DataVolume(_Model):
+    """A PersistentVolumeClaim mounted into every worker pod: a tokenized corpus, a tokenizer, a model to
+    start from. Any volume type (NFS, CephFS, a CSI driver, a node's local disk) reaches the pods through a
+    PersistentVolume bound to the claim."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    """The PersistentVolumeClaim, in the job's namespace."""
+    mount_path: str = Field(pattern=r"^(/[^/]+)+$", max_length=1024)
+    """Where the workers find it: an absolute path, not the checkpoint path, /etc/largebatch or /dev/shm."""
+    read_only: bool = True
+    """Mounted read-only (the default: training reads its data and never writes it, and many pods may
+    mount a ReadOnlyMany claim)."""
+
+
 class PodOverrides(_Model):
-    """Scheduling settings merged into every worker pod."""
+    """Scheduling settings and data volumes merged into every worker pod."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node labels a worker pod requires."""
@@ -73,10 +92,22 @@ class PodOverrides(_Model):
     """PriorityClass of the worker pods."""
     image_pull_secrets: list[SecretName] = Field(default_factory=list, max_length=16)
     """Secrets for pulling `spec.image` from a private registry (worker and rendezvous pods)."""
+    volumes: list[DataVolume] = Field(default_factory=list, max_length=16)
+    """Claims mounted into every worker pod beside the checkpoints (`task.args` name files on them)."""
     termination_grace_period_seconds: int = Field(default=60, ge=1, le=3600)
     """Seconds a worker has, once told to stop (a preemption, a suspend, a scale-down), to finish its step
     and write a checkpoint before it is killed: more than one step and one checkpoint of the model take
     (docs/operations.md, "Preemption")."""
+
+    rules = (
+        Rule(
+            "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
+            "workers.pod.volumes: two volumes cannot share a mountPath: give each its own folder",
+            lambda s: len({v.mount_path for v in s.volumes}) == len(s.volumes),
+            lambda s: f"mountPaths={[v.mount_path for v in s.volumes]}",
+            ".volumes",
+        ),
+    )
 
 
 class Resources(_Model):

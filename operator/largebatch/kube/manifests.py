@@ -25,7 +25,7 @@ ROLE_LABEL = f"{api.GROUP}/role"
 INDEX_LABEL = f"{api.GROUP}/worker-index"
 ROUND_LABEL = f"{api.GROUP}/rendezvous-round"
 RENDEZVOUS_PORT = 29400
-JOB_DIR = "/etc/largebatch"
+JOB_DIR = api.JOB_DIR
 JOB_FILE = "job.yaml"
 TRAINER_UID = 1000  # the trainer image's user
 
@@ -250,7 +250,11 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[st
                 "volumeMounts": [
                     {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
                     {"name": "checkpoints", "mountPath": spec.checkpoint.path},
-                    {"name": "shm", "mountPath": "/dev/shm"},  # DataLoader and NCCL need more than 64 MiB
+                    {"name": "shm", "mountPath": api.SHM_DIR},  # DataLoader and NCCL need more than 64 MiB
+                    *(
+                        {"name": f"data-{i}", "mountPath": v.mount_path, "readOnly": v.read_only}
+                        for i, v in enumerate(pod.volumes)
+                    ),
                 ],
             }
         ],
@@ -258,6 +262,11 @@ def worker_pod(job: LargeBatchJob, uid: str, index: int, round_: int) -> dict[st
             {"name": "job", "configMap": {"name": names.config}},
             {"name": "checkpoints", **checkpoints},
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            # Named by position: a user's name could clash with the operator's own volumes.
+            *(
+                {"name": f"data-{i}", "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
+                for i, v in enumerate(pod.volumes)
+            ),
         ],
         # For the checkpoint on SIGTERM of a preemption, a suspend or a scale-down.
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
