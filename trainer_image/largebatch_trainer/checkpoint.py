@@ -29,6 +29,11 @@ def path_for(directory: Path, step: int) -> Path:
     return directory / f"ckpt-{step:010d}.pt"
 
 
+def step_of(path: Path) -> int:
+    """The step a checkpoint file (one `all_checkpoints` lists) was taken at."""
+    return int(_NAME.match(path.name).group(1))
+
+
 def manifest_for(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 

@@ -52,7 +52,7 @@ def from_checkpoint(spec: LargeBatchJobSpec, checkpoint_dir: Path, step: int | N
     else:
         path = checkpoint.path_for(checkpoint_dir, step)
         if not path.exists():
-            steps = [int(p.stem.removeprefix("ckpt-")) for p in checkpoint.all_checkpoints(checkpoint_dir)]
+            steps = [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(checkpoint_dir)]
             raise SetupError(f"no checkpoint of step {step} in {checkpoint_dir}; it holds steps {steps or 'none'}")
         try:
             payload = checkpoint.load(path)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from largebatch import files
 from largebatch.errors import DataError
 from largebatch_trainer.token_files import TokenMeta, dtype_for, meta_path
 
@@ -199,16 +200,11 @@ def prepare(
                 handle.flush()
                 os.fsync(handle.fileno())
                 done, tokens, documents = done + 1, tokens + len(data) // itemsize, documents + ends
-                _write_json(state_path, {"fingerprint": fingerprint, "pieces": done, "tokens": tokens,
-                                         "documents": documents})  # fmt: skip
+                recorded = json.dumps({"fingerprint": fingerprint, "pieces": done, "tokens": tokens,
+                                       "documents": documents})  # fmt: skip
+                files.replace(state_path, lambda temporary, text=recorded: temporary.write_text(text))
                 progress(done, len(work))
     meta = TokenMeta(**(asdict(meta) | {"tokens": tokens, "documents": documents}))
     meta.write(out)
     state_path.unlink(missing_ok=True)
     return Summary(out, out.stat().st_size, tokens, documents, meta, resumed_at)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data))
-    temporary.replace(path)

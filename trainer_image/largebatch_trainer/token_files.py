@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from largebatch import files
 from largebatch.errors import DataError
 
 FORMAT = "largebatch.tokens/v1"
@@ -55,10 +56,8 @@ class TokenMeta:
     format: str = FORMAT
 
     def write(self, path: Path) -> None:
-        fields = {k: v for k, v in asdict(self).items() if v is not None}
-        temporary = meta_path(path).with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(fields, indent=1) + "\n")
-        temporary.replace(meta_path(path))
+        text = json.dumps({k: v for k, v in asdict(self).items() if v is not None}, indent=1) + "\n"
+        files.replace(meta_path(path), lambda temporary: temporary.write_text(text))
 
 
 def read_meta(path: Path, arg: str) -> TokenMeta:
