@@ -128,10 +128,12 @@ class PodRunner:
         """Hold the processes pod `name`'s container started still (SIGSTOP) inside the block, then let them
         go on (SIGCONT): for a test that must leave part of a run for after an outage, however fast this
         machine trains. The container's own process (a worker's torchrun agent) keeps running: stopped, it
-        would miss its rendezvous heartbeats and its peers would count it gone."""
-        with self._lock:
-            run = self.running[name]
-            processes = descendants(run.process.pid)  # trainers: sessions of their own
+        would miss its rendezvous heartbeats and its peers would count it gone.
+
+        Without the runner's lock: the loop holds it through its requests, and an API server whose etcd is
+        away keeps a request for up to a minute before it answers, which held a pause back that long."""
+        run = self.running[name]  # one read of a dict: atomic, and the pod's entry is all that is needed
+        processes = descendants(run.process.pid)  # trainers: sessions of their own
         for process in processes:
             os.kill(process, signal.SIGSTOP)
         try:

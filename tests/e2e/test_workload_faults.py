@@ -48,6 +48,23 @@ def step(cluster, namespace: str, name: str) -> int:
     return status_of(cluster, namespace, name).get("progress", {}).get("step", 0)
 
 
+def create_once_admitted(create) -> None:
+    """`create` a pod naming a PriorityClass just made: the API server's Priority admission reads classes
+    from its informer's cache, which can lag the class's creation, and refuses the pod (403, "no
+    PriorityClass with name ... was found") until the cache has it (CI, 2026-12-04)."""
+
+    def created() -> bool:
+        try:
+            create()
+        except client.ApiException as exc:
+            if exc.status == 403 and "no PriorityClass" in (exc.body or ""):
+                return False
+            raise
+        return True
+
+    wait_for(created, timeout=60, what="the API server to admit a pod of the new PriorityClass")
+
+
 def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, namespace, operator, tmp_path):
     """The rendezvous pod deleted while two workers train: the operator starts another behind the same
     Service, and the agents, which trained on without it, rejoin it after a checkpoint; no worker fails.
@@ -76,12 +93,12 @@ def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, na
         urgent = f"{namespace[:40]}-urgent"
         scheduling.create_priority_class({"metadata": {"name": urgent}, "value": 1_000_000})
         try:
-            core.create_namespaced_pod(namespace, {
+            create_once_admitted(lambda: core.create_namespaced_pod(namespace, {
                 "metadata": {"name": "urgent"},
                 "spec": {"priorityClassName": urgent, "tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes),
                          "containers": [{"name": "main", "image": "serving",
                                          "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-            })  # fmt: skip
+            }))  # fmt: skip
             events = lambda: core.list_namespaced_event(namespace).items  # noqa: E731
             preempted = wait_for(lambda: [e.involved_object.name for e in events() if e.reason == "Preempted"],
                                  what="the scheduler to preempt a worker")  # fmt: skip
