@@ -149,7 +149,7 @@ def allocate(demands: Iterable[Demand], gpus: int) -> Allocation:
                 why[d.name] = f"workers.min {d.minimum} needs {need} GPUs, {free} left at priority {d.priority}"
     for tier in tiers:
         free = _serve([d for d in tier if d.name in admitted], free, give)
-    return Allocation(give, _reasons(jobs, give, why))
+    return Allocation(give, _reasons(jobs, give, why, free))
 
 
 def _serve(admitted: list[Demand], free: int, give: dict[str, int]) -> int:
@@ -232,8 +232,9 @@ def _held_value(d: Demand) -> float:
     return d.seconds_left(n - 1) - d.seconds_left(n)
 
 
-def _reasons(jobs: list[Demand], give: Mapping[str, int], why: Mapping[str, str]) -> dict[str, str]:
-    """A sentence for each job that moves or waits, naming the jobs on the other side of the move."""
+def _reasons(jobs: list[Demand], give: Mapping[str, int], why: Mapping[str, str], free: int) -> dict[str, str]:
+    """A sentence for each job that moves or waits, naming the jobs on the other side of the move, and for
+    each job kept below what its batch wants beside `free` GPUs because a worker more would not pay."""
     gainers = [d for d in jobs if give[d.name] > d.current]
     losers = [d for d in jobs if give[d.name] < d.current]
     out = {}
@@ -262,4 +263,10 @@ def _reasons(jobs: list[Demand], give: Mapping[str, int], why: Mapping[str, str]
     for d in jobs:
         if d.name not in out and not give[d.name] and d.name in why:
             out[d.name] = f"waits: {why[d.name]}"
+        n = give[d.name]
+        if d.name not in out and d.speed and n and n == d.current < d.wanted and free >= d.devices_per_worker:
+            # No seconds in it: they shrink as the run goes on, and the sentence lands in a condition.
+            out[d.name] = f"stays at {n} workers: " + (
+                f"{n + 1} would not save the {d.restart_seconds:,.0f} s a restart costs" if d.saves(n + 1) > 0
+                else f"{n + 1} were measured slower than {n}")  # fmt: skip
     return out

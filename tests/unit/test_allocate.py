@@ -162,3 +162,18 @@ def test_speed_is_fitted_from_what_was_measured():
     one = Speed.fit([Measured(2, 512, 1000.0)])  # one point: perfect scaling from it
     assert one.sync == 0 and one.samples_per_second(4, 512) == 2000.0
     assert Speed.fit([]) is None
+
+
+def test_a_job_kept_below_its_batch_beside_free_gpus_says_a_worker_more_does_not_pay():
+    # What two workers of a small model measured on two busy cores (e2e, 2026-12-04): slower than one.
+    measured = Speed.fit([Measured(1, 32, 3_749.7), Measured(2, 32, 1_017.6)])
+    slower = job("a/small", batch=32, current=1, per_worker=16, maximum=2, remaining_samples=190_000, speed=measured)
+    result = allocate([slower], gpus=8)
+    assert result.workers == {"a/small": 1}
+    assert result.reasons["a/small"] == "stays at 1 workers: 2 were measured slower than 1"
+    nearly_done = job("a/done-soon", batch=4096, current=1, remaining_samples=1_000, restart_seconds=30.0)
+    assert allocate([nearly_done], gpus=8).reasons["a/done-soon"] == (
+        "stays at 1 workers: 2 would not save the 30 s a restart costs"
+    )
+    # Beside no free GPU, the scheduler's limit is the reason, as before: nothing is said.
+    assert "a/small" not in allocate([slower, job("a/other", batch=4096, current=7)], gpus=8).reasons

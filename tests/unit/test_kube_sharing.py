@@ -192,6 +192,17 @@ def test_a_share_below_the_running_workers_shrinks_the_job_and_names_the_move():
     assert done.news.kind.value == "CapacityLimited" and "higher priority" in done.news.reason
 
 
+def test_a_job_its_share_keeps_on_fewer_workers_says_why_in_its_condition():
+    spec = job(accelerator=GPU, max=2)
+    share = Share(workers=1, demand=2, grow_to=1, reason="stays at 1 workers: 2 were measured slower than 1")
+    progress = {"step": 10, "samples": 10_000, "policyBatch": 32}
+    actions, done = reconcile(dataclasses.replace(seen(spec, [RENDEZVOUS, worker(0)], progress=progress), share=share))
+    assert not actions.workers and not actions.delete
+    limited = next(c for c in done.status.conditions if c.type == "CapacityLimited")
+    assert limited.status == "True" and limited.message.endswith("; allocation stays at 1 workers: 2 were measured "
+                                                                 "slower than 1"), limited.message  # fmt: skip
+
+
 def test_the_throughput_of_a_settled_world_is_recorded_per_worker_count():
     spec = job(accelerator=GPU, max=4)
     pods = [RENDEZVOUS, worker(0), worker(1)]

@@ -374,7 +374,10 @@ def _decide(
             restart_seconds=settings.restart_seconds,
         ),
     )
-    if shared and share.reason and decision.changes(len(pods.live)):
+    # A job held below its batch's workers by its share, not by the scheduler, says why (a worker more does
+    # not pay): "needs 2 workers, 1 fit" alone reads as a full cluster.
+    limited = decision.kind is controller.Kind.CAPACITY_LIMITED
+    if shared and share.reason and (decision.changes(len(pods.live)) or limited):
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; allocation {share.reason}")
     if admitted and decision.changes(len(pods.live)):
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; Kueue admitted {queued.workers} workers")
