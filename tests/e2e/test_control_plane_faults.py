@@ -21,7 +21,6 @@ from tests.e2e.jobs import (
     RELEASE,
     apply,
     contiguous,
-    growing_job,
     history,
     job_document,
     shared_claim,
@@ -47,7 +46,7 @@ replace a lost second worker: the test's job must gain from its second worker.""
 
 def ramp_job(name: str) -> tuple[dict, int]:
     """A job growing from one worker to two at RAMP samples, and the sample at which it grows."""
-    document = growing_job(name, "checkpoints", total=TOTAL)
+    document = job_document(name, "checkpoints", total=TOTAL)
     document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:simulated",
                                 "args": {"secondsPerSample": SECONDS_PER_SAMPLE}}  # fmt: skip
     document["spec"]["batch"]["policy"] = {"type": "linearRamp", "linearRamp": {"increment": 16, "rampSamples": RAMP}}
