@@ -60,9 +60,10 @@ def _xla_device() -> torch.device:
     return xm.xla_device()
 
 
-def init_process_group(env: DistEnv, device: torch.device) -> None:
+def init_process_group(env: DistEnv, device: torch.device, timeout_seconds: float) -> None:
+    """`timeout_seconds`: the job's workers.collectiveTimeoutSeconds."""
     if env.world_size > 1:
-        timeout = datetime.timedelta(seconds=120)
+        timeout = datetime.timedelta(seconds=timeout_seconds)
         if device.type == "xla":  # torch_xla's backend and its PJRT rendezvous (untested: no TPU)
             import torch_xla.distributed.xla_backend  # noqa: F401 - registers the backend
 

@@ -56,7 +56,7 @@ class Trainer:
         self.device = choose_device(self.spec.workers.accelerator, options.device, self.env.local_rank)
         self.precision = accelerator.precision_on(self.spec, self.device)
         accelerator.configure(self.device, self.precision)
-        init_process_group(self.env, self.device)
+        init_process_group(self.env, self.device, self.spec.workers.collective_timeout_seconds)
         self.task: Task = load_task(self.spec.task.entrypoint, self.spec.task.args, self.spec.task.seed)
         self.module = self.task.model.to(self.device)
         self.optimizer = optim.build(self.spec.optimizer, self.module, fused=self.device.type == "cuda")

@@ -134,6 +134,11 @@ class WorkersSpec(_Model):
     """Container resources of each worker besides the accelerator."""
     pod: PodOverrides = _sub(PodOverrides)
     """Scheduling overrides for the worker pods."""
+    collective_timeout_seconds: int = Field(default=120, ge=10, le=86_400)
+    """How long a worker waits in a collective (an all-reduce, a barrier) for its peers before it gives up
+    and its agent starts the group again: how long a job stalls when a node stops answering before the
+    workers left go on without it (from their newest checkpoint). Longer than a step and a checkpoint save
+    take on the slowest rank, or a slow save ends the run's group."""
     max_restarts: int = Field(default=3, ge=0, le=1000)
     """Worker pods replaced after they failed or were lost (torchrun's own restarts inside a pod do not
     count); one more failure and the job is Failed."""
