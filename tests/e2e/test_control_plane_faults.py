@@ -42,6 +42,11 @@ SECONDS_PER_SAMPLE = 0.0005
 half on any machine, and twice as fast as one. With a real model on two busy cores, two workers measured
 slower than one (1,017 against 3,749 samples/s under two CPU hogs), and the operator rightly did not
 replace a lost second worker: the test's job must gain from its second worker."""
+QUICK_RETRIES = {"LARGEBATCH_API_BACKOFF_SCALE": "0.1"}
+"""kopf's waits between tries of a request, a tenth of its own (largebatch/kube/watchdog.py): its nine
+default tries, which an outage here outlasts, are over in 5.4 s rather than 54 s, and the operator asks
+again within 3 s of the API server's return rather than 30 s. What the tests show is the count: kopf gives
+a request up after its ninth try unless the operator tells it otherwise."""
 
 
 def ramp_job(name: str) -> tuple[dict, int]:
@@ -61,7 +66,7 @@ def patient_operator(operator_kubeconfig, namespace, tmp_path):
     came back stayed unplaced for longer than 3 s while the control plane caught up, the job's capacity
     was taken to be one worker, and the run ended on one (CI, 2026-12-04)."""
     process = OperatorProcess.start(operator_kubeconfig, namespace, tmp_path / "operator.log",
-                                    LARGEBATCH_UNSCHEDULABLE_GRACE_SECONDS="20")  # fmt: skip
+                                    LARGEBATCH_UNSCHEDULABLE_GRACE_SECONDS="20", **QUICK_RETRIES)  # fmt: skip
     yield process
     process.stop()
 
@@ -89,8 +94,9 @@ def test_restarts_of_the_api_server_and_of_etcd_lose_nothing(crd, namespace, pat
             # Then held still until the API server is back, so that the run's rest is left for the operator
             # to act on: an unloaded machine had trained to within 1% of the end before it was (2026-12-03).
             held.enter_context(pods.paused("restart-worker-0"))
-            # Away for longer than kopf's default retries of one request (9 tries over 54 s), after which kopf
-            # gives the request up unless told otherwise (kube/watchdog.py): an upgrade's restart takes that long.
+            # Away for longer than kopf's default retries of one request (9 tries, over 54 s unscaled), after
+            # which kopf gives the request up unless told otherwise (kube/watchdog.py): an upgrade's restart
+            # takes that long.
             wait_for(lambda: "Request attempt #9" in operator.log.read_text(), timeout=120,
                      what="the operator to have tried one request nine times")  # fmt: skip
         assert pods.unavailable, "the pod runner never saw the API server away"
@@ -184,7 +190,10 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
 
     watcher = threading.Thread(target=watch_pods, daemon=True)
     watcher.start()
-    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log") as (operator, proxy):
+    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log", **QUICK_RETRIES) as (
+        operator,
+        proxy,
+    ):
         try:
             with PodRunner(crd, namespace, tmp_path / "pods") as pods:
                 assert apply(crd, document, namespace).returncode == 0
@@ -241,7 +250,10 @@ def test_403s_for_longer_than_kopf_retries_by_default_stop_no_watch(crd, namespa
     server allows them again the operator watches on: it replaces a worker deleted after, and starts a
     job applied after."""
     core = client.CoreV1Api(crd.api)
-    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log") as (operator, proxy):
+    with through_proxy(crd, operator_kubeconfig, namespace, tmp_path / "operator.log", **QUICK_RETRIES) as (
+        operator,
+        proxy,
+    ):
         assert apply(crd, job_document("before", None), namespace).returncode == 0
         first = wait_for(lambda: pod_uid(core, namespace, "before-worker-0"), what="the job's worker created")
         with forbidden(crd):

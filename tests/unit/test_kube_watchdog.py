@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kopf._core.reactor import running
@@ -20,6 +21,15 @@ def test_the_tries_last_as_long_as_asked_kopfs_first_then_30_s_at_a_time(total):
     assert all(0 < wait <= watchdog.LONGEST_BACKOFF for wait in waits)
     full = waits[:-1]  # the last one is cut short to land on `total`
     assert full == [*watchdog.KOPF_BACKOFFS, *[watchdog.LONGEST_BACKOFF] * len(full)][: len(full)]
+
+
+@given(st.floats(min_value=0.5, max_value=7200), st.floats(min_value=0.01, max_value=1))
+def test_scaled_tries_are_kopfs_waits_times_the_scale_and_last_as_long(total, scale):
+    waits = watchdog.backoffs(total, scale)
+    assert abs(sum(waits) - total) < 1e-6
+    full = waits[:-1]
+    expected = [wait * scale for wait in [*watchdog.KOPF_BACKOFFS, *[watchdog.LONGEST_BACKOFF] * len(full)]]
+    assert full == pytest.approx(expected[: len(full)])
 
 
 def test_ten_minutes_by_default_outlasting_kopfs_54_s():

@@ -43,7 +43,7 @@ async def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
     settings.posting.level = logging.INFO
-    settings.networking.error_backoffs = watchdog.backoffs(watchdog.RETRY_SECONDS)
+    settings.networking.error_backoffs = watchdog.backoffs(watchdog.RETRY_SECONDS, watchdog.BACKOFF_SCALE)
     WATCHDOG.start()
     if METRICS_PORT:
         metrics.serve(METRICS, METRICS_PORT)
