@@ -22,9 +22,13 @@ venv: $(STAMP)
 run: venv
 	$(LBCTL) run examples/quickstart.yaml --local
 
+# A worker per e2e lane (tests/conftest.py: they mostly wait on their control planes) and two for the unit
+# and process tests, which use a core each.
+TEST_WORKERS ?= 5
+
 test: venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The operator and trainer images (docker or podman): IMAGE_REPOSITORY, IMAGE_TAG, BASE, PUSH=1 (dev/images.sh).
 images:

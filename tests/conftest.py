@@ -25,14 +25,27 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+E2E_LANES = {
+    "e2e-node": ("test_real_node", "test_workload_faults", "test_prometheus", "test_cluster_harness",
+                 "test_operator_failures"),
+    "e2e-sharing": ("test_sharing", "test_kueue"),
+    "e2e-faults": ("test_control_plane_faults", "test_operator", "test_crd_on_a_real_apiserver", "test_helm_release",
+                   "test_lbctl_status", "test_lbctl_run", "test_operator_replicas"),
+}  # fmt: skip
+"""The e2e tests' lanes: each is an xdist group, so one worker runs its tests one after the other on the
+control plane that worker starts (tests/e2e/conftest.py), beside the other lanes' workers and theirs.
+`make test` runs a worker per lane and two more for the unit and process tests (the e2e tests mostly wait,
+the others use a core). The real node, of which a machine has one, is only asked for by e2e-node's tests;
+e2e-faults stops its control plane's API server and etcd, which no other lane's tests see. Balanced by the
+modules' times in tests/README.md; a module not named here goes to e2e-node."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), every e2e test goes to the
-    same worker, so that one control plane (a session fixture) serves them all while the other worker
-    runs the unit and process tests: the e2e tests mostly wait on the cluster, the others on the CPU.
-    One control plane is also all a machine can have: its real node takes the host's network and
-    containerd's cached root. First, because xdist's own hook reads the marks into the test's id (without
-    tryfirst it ran before this one, and each worker started a control plane of its own)."""
+    """Under pytest-xdist (`make test`: `--dist loadgroup`), each e2e test goes to its lane's worker
+    (E2E_LANES). First, because xdist's own hook reads the marks into the test's id (without tryfirst it
+    ran before this one, and the tests went to any worker)."""
+    lane_of = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
     for item in items:
         if item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("control-plane"))
+            item.add_marker(pytest.mark.xdist_group(lane_of.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")))

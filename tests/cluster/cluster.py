@@ -174,10 +174,17 @@ class Cluster:
         return self.directory / "admin.kubeconfig"
 
     def start(
-        self, gpu_nodes: int = 2, gpus_per_node: int = 8, cpu_nodes: int = 1, timeout: float = 60, real_node=None
+        self,
+        gpu_nodes: int = 2,
+        gpus_per_node: int = 8,
+        cpu_nodes: int = 1,
+        timeout: float = 60,
+        real_node=None,
+        reachable_from_pods: bool = False,
     ) -> None:
         """`real_node`: a callable given this cluster that starts a real node (tests/cluster/node.py)
-        once the control plane runs; the API server then listens where that node's pods reach it."""
+        once the control plane runs; the API server then listens where that node's pods reach it, as it
+        does with `reachable_from_pods`, for a real node added later (`add_real_node`)."""
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         self.pki = pki = Pki(d / "pki")
@@ -197,7 +204,7 @@ class Cluster:
             "kube-apiserver",
             [
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--secure-port={api_port}",
-                *self._addresses(real_node), f"--cert-dir={d / 'apiserver-certs'}",
+                *self._addresses(bool(real_node) or reachable_from_pods), f"--cert-dir={d / 'apiserver-certs'}",
                 f"--kubelet-client-certificate={pki.path('apiserver-kubelet-client.crt')}",
                 f"--kubelet-client-key={pki.path('apiserver-kubelet-client.key')}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}", f"--tls-private-key-file={pki.path('apiserver.key')}",
@@ -229,12 +236,19 @@ class Cluster:
         pki.kubeconfig("kwok", self.server, d / "kwok.kubeconfig")
         self._spawn_kwok("fake")
         if real_node:
-            self.node = real_node(self)
-            self.node.start()
+            self.add_real_node(real_node)
         for i in range(gpu_nodes):
             self.add_node(f"gpu-{i}", gpus=gpus_per_node)
         for i in range(cpu_nodes):
             self.add_node(f"cpu-{i}", gpus=0)
+        self._write_pids()
+
+    def add_real_node(self, real_node) -> None:
+        """Starts the real node (`real_node(self)`): a machine has room for one, which the cluster whose
+        API server listens where pods reach it (`start`'s `reachable_from_pods`) may add when a test first
+        needs it."""
+        self.node = real_node(self)
+        self.node.start()
         self._write_pids()
 
     def _write_pids(self) -> None:
@@ -245,10 +259,10 @@ class Cluster:
         (self.directory / "pids").write_text("\n".join(f"{n} {p.pid}" for n, p in processes.items()))
 
     @staticmethod
-    def _addresses(real_node) -> list[str]:
+    def _addresses(reachable_from_pods: bool) -> list[str]:
         """Loopback only, unless a real node's pods must reach the API server: then on every address,
         advertised on the node's (the `kubernetes` Service's endpoint, where kube-proxy sends pods)."""
-        if not real_node:
+        if not reachable_from_pods:
             return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
         from tests.cluster.node import NODE_IP
 

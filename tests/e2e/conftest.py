@@ -1,4 +1,6 @@
-"""A session-wide real control plane for the e2e tests (tests/cluster)."""
+"""A real control plane for the e2e tests (tests/cluster), one per xdist worker that runs them
+(tests/conftest.py says which lanes there are), started when its first test asks for it. The one real node
+a machine has joins the control plane of the worker whose tests ask for it (`real_node`)."""
 
 from __future__ import annotations
 
@@ -18,14 +20,23 @@ from tests.helpers import wait_for
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    """The control plane, KWOK's fake nodes and one real node (tests/cluster/node.py)."""
+    """The control plane and KWOK's fake nodes, its API server listening where a real node's pods reach it
+    should a test of this worker's ask for the real node."""
     handle = Cluster(tmp_path_factory.mktemp("cluster"), tools())
     try:
-        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1, real_node=RealNode)
+        handle.start(gpu_nodes=2, gpus_per_node=8, cpu_nodes=1, reachable_from_pods=True)
         handle.api = config.new_client_from_config(str(handle.kubeconfig))
         yield handle
     finally:
         handle.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster):
+    """The cluster with the machine's one real node (tests/cluster/node.py): only the tests of one lane ask
+    for it (tests/conftest.py), so no two workers start one."""
+    cluster.add_real_node(RealNode)
+    return cluster
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +48,11 @@ def docker(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def images(docker, cluster):
+def images(docker, real_node):
     """The operator and trainer images, built by `make images` on the debootstrap base and loaded into the
     real node's containerd (tests/cluster/images.py)."""
     built = container_images.build(docker)
-    container_images.load(built, docker, cluster.node)
+    container_images.load(built, docker, real_node.node)
     return built
 
 

@@ -146,7 +146,7 @@ def test_the_trainer_image_trains_and_writes_hugging_face_models_offline(images,
     assert inside.stdout.strip().splitlines()[-1] == "True", inside.stdout + inside.stderr
 
 
-def test_the_real_node_runs_pods_through_containerd(cluster, core):
+def test_the_real_node_runs_pods_through_containerd(real_node, core):
     info = core.read_node(node.NAME).status.node_info
     assert info.container_runtime_version.startswith("containerd://1.")
     assert info.kubelet_version == "v1.36.3"  # the control plane's own Kubernetes module
