@@ -56,14 +56,27 @@ def job_document(name: str, claim: str | None, total: int = TOTAL, **workers) ->
     }
 
 
-def growing_job(name: str, claim: str, total: int = TOTAL) -> dict:
-    """A job that starts on one worker and grows to two at its Seesaw cut (batch 16 to 32), on a small GPT
-    rather than linreg: steps slow enough that the half of the run after the cut outlasts a new worker's
-    start and rendezvous on a busy machine (linreg finished first in CI)."""
+def simulated_task(seconds_per_sample: float) -> dict:
+    """spec.task for simulated training (largebatch_trainer.tasks:simulated): each sample takes
+    `seconds_per_sample` of sleep, so a job lasts what a test needs on any machine, and its CPU is the
+    trainer's own (a step's bookkeeping, the all-reduce of one weight), not a model's arithmetic. For the
+    tests whose subject is not the training itself."""
+    return {"entrypoint": "largebatch_trainer.tasks:simulated", "args": {"secondsPerSample": seconds_per_sample}}
+
+
+GROWING_TOTAL = 16 * 800
+"""The samples of growing_job: 800 steps at batch 16, its Seesaw cut at sample 7,008."""
+
+
+def growing_job(name: str, claim: str, total: int = GROWING_TOTAL) -> dict:
+    """A job that starts on one worker and grows to two at its Seesaw cut (batch 16 to 32), training the
+    simulated task at 6 ms a sample: the part of the run after the cut takes one worker 35 s, which
+    outlasts a new worker's start and rendezvous on a busy machine (linreg finished first in CI), without
+    the CPU of a real model (a small GPT took 59 CPU s here). Slow steps, and few: a step's bookkeeping
+    and all-reduce cost CPU whatever its sleep, so 800 steps of 96 ms cost a tenth of 8,000 of 9.6 ms, and
+    two workers stay faster than one on a busy machine (at 8 ms a step, the all-reduce's wait did not)."""
     document = job_document(name, claim, total)
-    document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:pylm",
-                                "args": {"width": 32, "depth": 1, "heads": 2, "context": 32}}  # fmt: skip
-    document["spec"]["optimizer"] = {"name": "adamw", "lr": 0.003}
+    document["spec"]["task"] = simulated_task(0.006)
     return document
 
 

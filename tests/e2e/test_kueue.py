@@ -27,6 +27,7 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
+    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
@@ -86,8 +87,7 @@ def queued(name: str, batch: int, total: int, labels: dict[str, str] | None = No
     the queue `team` unless `labels` say otherwise, checkpointing on a claim of its own; nothing in it says
     where its workers run."""
     document = job_document(name, f"ckpt-{name}", total=total, min=1, max=2)
-    task = {"entrypoint": "largebatch_trainer.tasks:simulated", "args": {"secondsPerSample": SECONDS_PER_SAMPLE}}
-    document["spec"]["task"] = task
+    document["spec"]["task"] = simulated_task(SECONDS_PER_SAMPLE)
     policy = {"type": "constant"}
     document["spec"]["batch"] = {
         "initial": batch,

@@ -12,8 +12,8 @@ from largebatch import api
 from largebatch_trainer import checkpoint
 from tests.cluster.pod_runner import PodRunner
 from tests.e2e.jobs import (
+    GROWING_TOTAL,
     KWOK_TOLERATION,
-    TOTAL,
     apply,
     contiguous,
     growing_job,
@@ -21,6 +21,7 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
+    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
@@ -29,6 +30,19 @@ from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
+
+TOTAL = 16 * 1_500
+"""The samples of the jobs below that train the simulated task at SECONDS_PER_SAMPLE: 1,500 steps at
+batch 16, 72 s on one worker. Steps that wait rather than compute (linreg trained flat out: 8,000 steps
+and 26 to 64 CPU s a test), long enough for what each test does while the job runs."""
+SECONDS_PER_SAMPLE = 0.003
+
+
+def paced(name: str, claim: str | None, total: int = TOTAL, **workers) -> dict:
+    """job_document training the simulated task at SECONDS_PER_SAMPLE."""
+    document = job_document(name, claim, total, **workers)
+    document["spec"]["task"] = simulated_task(SECONDS_PER_SAMPLE)
+    return document
 
 
 def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, operator, tmp_path):
@@ -39,7 +53,7 @@ def test_an_applied_job_trains_grows_at_the_cut_and_succeeds(crd, namespace, ope
         assert pods.errors == []
         assert {"grow-rdzv", "grow-worker-0", "grow-worker-1"} <= set(pods.started)
     status = status_of(crd, namespace, "grow")
-    assert status["progress"]["samples"] == TOTAL and status["progress"]["done"] is True
+    assert status["progress"]["samples"] == GROWING_TOTAL and status["progress"]["done"] is True
     assert status["rescales"]["count"] >= 1 and status["rescales"]["recent"][0]["to"] == 2
     state = checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]
     worlds = [run[3] for run in state["history"]]
@@ -75,7 +89,7 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
     core = client.CoreV1Api(crd.api)
     custom = client.CustomObjectsApi(crd.api)
     with PodRunner(crd, namespace, tmp_path / "pods") as pods:
-        assert apply(crd, job_document("pause", "checkpoints"), namespace).returncode == 0
+        assert apply(crd, paced("pause", "checkpoints"), namespace).returncode == 0
         explain = dict(cluster=crd, namespace=namespace, name="pause", pods=pods, log_path=operator.log)
         wait_or_explain(lambda: status_of(crd, namespace, "pause").get("progress", {}).get("step", 0) > 200,
                         "training", **explain)  # fmt: skip
@@ -114,7 +128,7 @@ def test_a_lost_worker_and_a_killed_operator_lose_nothing(crd, namespace, operat
     operator = OperatorProcess.start(operator_kubeconfig, namespace, log_path)
     try:
         with PodRunner(crd, namespace, tmp_path / "pods") as pods:
-            assert apply(crd, job_document("lose", "checkpoints", min=2, max=2), namespace).returncode == 0
+            assert apply(crd, paced("lose", "checkpoints", min=2, max=2), namespace).returncode == 0
             explain = dict(cluster=crd, namespace=namespace, name="lose", pods=pods, log_path=log_path)
             wait_or_explain(lambda: status_of(crd, namespace, "lose").get("plan", {}).get("worldSize") == 2
                             and status_of(crd, namespace, "lose")["progress"]["step"] > 300, "two workers training",
@@ -136,8 +150,8 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
     nodes = [f"{namespace[:40]}-a", f"{namespace[:40]}-b"]
     crd.add_node(nodes[0], gpus=1)
     pod = {"tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes)}
-    total = 32 * 10_000  # at one worker with accumulation 2, long enough for the second node's worker to join
-    document = job_document("cap", "checkpoints", total=total, min=1, max=2, pod=pod)
+    total = 32 * 1_500  # at one worker with accumulation 2 (96 ms a step), long enough for a new worker to join
+    document = paced("cap", "checkpoints", total=total, min=1, max=2, pod=pod)
     document["spec"]["batch"] = {"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}}
     try:
         with PodRunner(crd, namespace, tmp_path / "pods") as pods:

@@ -23,7 +23,7 @@ from kubernetes import client
 
 from largebatch_trainer import checkpoint
 from tests.cluster import node
-from tests.e2e.jobs import CHART, apply, condition, contiguous, job_document, status_of
+from tests.e2e.jobs import CHART, apply, condition, contiguous, job_document, simulated_task, status_of
 from tests.helpers import ROOT, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -188,8 +188,7 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         # Samples that take a fixed time (a sleep, not compute): the run lasts about two minutes however
         # busy the machine is, long enough for what the test looks at while it trains (a small GPT's run
         # ended before the test saw the second worker, on an idle machine and under two CPU hogs alike).
-        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:simulated",
-                                    "args": {"secondsPerSample": 0.002}}  # fmt: skip
+        document["spec"]["task"] = simulated_task(0.002)
         created = time.monotonic()
         assert apply(crd, document, namespace).returncode == 0
         waited(lambda: state().get("progress", {}).get("step", 0) > 0, "the first step")

@@ -29,6 +29,7 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
+    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
@@ -40,13 +41,15 @@ pytestmark = pytest.mark.e2e
 
 
 def contender(name: str, nodes: list[str], batch: int, total: int, priority: int = 0) -> dict:
-    """A linreg job of constant `batch` in micro-batches of 16 (one GPU each) on `nodes`, checkpointing on
-    a claim of its own."""
+    """A job of constant `batch` in micro-batches of 16 (one GPU each) on `nodes`, checkpointing on a claim
+    of its own, training the simulated task at 2 ms a sample (32 ms a micro-batch): steps that wait rather
+    than compute (linreg's 5,500 steps flat out took 36 CPU s)."""
     pod = {"tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes)}
     document = job_document(name, f"ckpt-{name}", total=total, min=1, max=len(nodes), pod=pod)
     policy = {"type": "constant"}
     document["spec"]["batch"] = {"initial": batch, "max": batch, "microBatchPerDevice": 16, "policy": policy}
     document["spec"]["priority"] = priority
+    document["spec"]["task"] = simulated_task(0.002)
     return document
 
 
@@ -73,7 +76,7 @@ def rescales(crd, namespace: str, name: str) -> list[dict]:
 
 
 def test_a_higher_priority_job_takes_a_gpu_from_a_running_lower_one(crd, namespace, operator_kubeconfig, tmp_path):
-    low_total, high_total = 32 * 4_000, 32 * 1_500
+    low_total, high_total = 32 * 1_000, 32 * 500
     for name in ("low", "high"):
         shared_claim(crd, namespace, f"ckpt-{name}")
     with sharing(crd, namespace, 2, operator_kubeconfig, tmp_path) as (nodes, operator), \
@@ -122,8 +125,7 @@ SECONDS_PER_SAMPLE = 0.0125
 def simulated(name: str, nodes: list[str], batch: dict, total: int, priority: int = 0) -> dict:
     """A job of simulated training (largebatch_trainer.tasks:simulated) with the `batch` given."""
     document = contender(name, nodes, 16, total, priority)
-    task = {"entrypoint": "largebatch_trainer.tasks:simulated", "args": {"secondsPerSample": SECONDS_PER_SAMPLE}}
-    document["spec"]["task"] = task
+    document["spec"]["task"] = simulated_task(SECONDS_PER_SAMPLE)
     document["spec"]["batch"] |= batch
     return document
 

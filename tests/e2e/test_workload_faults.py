@@ -20,6 +20,7 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
+    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
@@ -28,15 +29,20 @@ from tests.helpers import resumed_steps, resumed_where_stopped, wait_for
 
 pytestmark = pytest.mark.e2e
 
-TOTAL = 32 * 12_000
+TOTAL = 32 * 3_000
+"""3,000 steps of 32 ms at two workers (the simulated task at 2 ms a sample): long enough for both faults
+of the first test, at a tenth of the CPU of linreg's 12,000 steps flat out (56 CPU s)."""
 EVERY = 50  # checkpoint.everySteps of job_document
 
 
-def two_worker_job(name: str, nodes: list[str], tolerations: tuple[dict, ...] = (), total: int = TOTAL) -> dict:
+def two_worker_job(
+    name: str, nodes: list[str], tolerations: tuple[dict, ...] = (), total: int = TOTAL, seconds_per_sample=0.002
+) -> dict:
     """Batch 32 of micro-batches of 16: two one-GPU workers, or one with accumulation 2."""
     pod = {"tolerations": [KWOK_TOLERATION, *tolerations], "affinity": on_nodes(nodes)}
     document = job_document(name, "checkpoints", total=total, min=1, max=2, pod=pod)
     document["spec"]["batch"] = {"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}}
+    document["spec"]["task"] = simulated_task(seconds_per_sample)
     return document
 
 
@@ -122,12 +128,13 @@ def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, na
     assert contiguous(history(tmp_path), TOTAL)
 
 
-LONGER = 32 * 6_000
-SECONDS_PER_SAMPLE = 0.001
-"""Simulated training (a sleep per sample, 32 ms a step at one worker): once the survivor goes on alone,
+LONGER = 32 * 1_500
+SECONDS_PER_SAMPLE = 0.004
+"""Simulated training (a sleep per sample, 128 ms a step at one worker): once the survivor goes on alone,
 its rest of the run lasts about three minutes, long enough for the replacement to join it on a busy
-machine (about a minute after the loss), and it uses no CPU meanwhile (linreg trained flat out for the
-whole of this test's 210 s)."""
+machine (about a minute after the loss), and it uses little CPU meanwhile (linreg trained flat out for
+the whole of this test's 210 s). Few slow steps: a step costs CPU whatever its sleep, and 6,000 steps of
+a quarter the time took 89 CPU s on a busy machine."""
 COLLECTIVE_TIMEOUT = 20
 """workers.collectiveTimeoutSeconds: the survivor stalls this long, not the default 120 s."""
 UNREACHABLE_AFTER = 10
@@ -150,9 +157,7 @@ def test_a_lost_node_stalls_the_job_until_its_peers_time_out_and_its_worker_is_r
     tolerations = tuple({"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
                          "tolerationSeconds": UNREACHABLE_AFTER} for taint in ("unreachable", "not-ready"))  # fmt: skip
     with gpu_pool(crd, namespace, 3, losable=True) as nodes, PodRunner(crd, namespace, tmp_path / "pods") as pods:
-        document = two_worker_job("lost", nodes, tolerations, LONGER)
-        document["spec"]["task"] = {"entrypoint": "largebatch_trainer.tasks:simulated",
-                                    "args": {"secondsPerSample": SECONDS_PER_SAMPLE}}  # fmt: skip
+        document = two_worker_job("lost", nodes, tolerations, LONGER, SECONDS_PER_SAMPLE)
         document["spec"]["workers"]["collectiveTimeoutSeconds"] = COLLECTIVE_TIMEOUT
         assert apply(crd, document, namespace).returncode == 0
         explain = dict(cluster=crd, namespace=namespace, name="lost", pods=pods, log_path=operator.log)
