@@ -22,9 +22,9 @@ venv: $(STAMP)
 run: venv
 	$(LBCTL) run examples/quickstart.yaml --local
 
-# A worker per e2e lane (tests/conftest.py: they mostly wait on their control planes) and two for the unit
-# and process tests, which use a core each.
-TEST_WORKERS ?= 5
+# A worker per e2e lane (three: they mostly wait on their control planes) and one per core for the unit and
+# process tests, which compute (tests/conftest.py deals them into that many lanes).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 3 )))
 
 test: venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev

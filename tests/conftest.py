@@ -34,18 +34,37 @@ E2E_LANES = {
 }  # fmt: skip
 """The e2e tests' lanes: each is an xdist group, so one worker runs its tests one after the other on the
 control plane that worker starts (tests/e2e/conftest.py), beside the other lanes' workers and theirs.
-`make test` runs a worker per lane and two more for the unit and process tests (the e2e tests mostly wait,
-the others use a core). The real node, of which a machine has one, is only asked for by e2e-node's tests;
-e2e-faults stops its control plane's API server and etcd, which no other lane's tests see. Balanced by the
-modules' times in tests/README.md; a module not named here goes to e2e-node."""
+The real node, of which a machine has one, is only asked for by e2e-node's tests; e2e-faults stops its
+control plane's API server and etcd, which no other lane's tests see. Balanced by the modules' times in
+tests/README.md; a module not named here goes to e2e-node."""
+
+
+def compute_lanes(workers: int) -> int:
+    """The lanes of the unit and process tests, which compute rather than wait: the workers the e2e lanes
+    leave (`make test` starts one per core beside them). More than one per core bought nothing: on two
+    cores, five workers that each took any test ran the process tests at 0.3 to 0.4 of a core each, and
+    their CPU grew 10 to 45% (trainers and agents preempted mid-collective, caches shared), 2026-12-05."""
+    return max(1, workers - len(E2E_LANES))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`make test`: `--dist loadgroup`), each e2e test goes to its lane's worker
-    (E2E_LANES). First, because xdist's own hook reads the marks into the test's id (without tryfirst it
-    ran before this one, and the tests went to any worker)."""
+    """Under pytest-xdist (`make test`: `--dist loadgroup`), every test goes to a lane, an xdist group that
+    one worker runs in order: each e2e test to its E2E_LANES lane, the others dealt in turn to the compute
+    lanes, the process tests apart from the unit tests so that each lane gets its share of both. First,
+    because xdist's own hook reads the marks into the test's id (without tryfirst it ran before this one,
+    and the tests went to any worker)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not workers:
+        return
     lane_of = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
+    lanes = compute_lanes(workers)
+    dealt = {"integration": 0, "unit": 0}
     for item in items:
         if item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group(lane_of.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")))
+            lane = lane_of.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")
+        else:
+            kind = "integration" if item.get_closest_marker("integration") else "unit"
+            lane = f"compute-{dealt[kind] % lanes}"
+            dealt[kind] += 1
+        item.add_marker(pytest.mark.xdist_group(lane))

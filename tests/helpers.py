@@ -31,6 +31,15 @@ BASE_SPEC = {
 }
 
 
+def simulated_task(seconds_per_sample: float) -> dict:
+    """spec.task for simulated training (largebatch_trainer.tasks:simulated): each sample takes
+    `seconds_per_sample` of sleep, so a job lasts what a test needs on any machine, and its CPU is the
+    trainer's own (a step's bookkeeping, the all-reduce of one weight), not a model's arithmetic. For the
+    tests whose subject is not the training itself. A step costs CPU whatever its sleep: few slow steps
+    cost less than many quick ones of the same run's length."""
+    return {"entrypoint": "largebatch_trainer.tasks:simulated", "args": {"secondsPerSample": seconds_per_sample}}
+
+
 def merge(base: dict, overrides: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in overrides.items():

@@ -12,7 +12,7 @@ from kubernetes import client
 from largebatch import api
 from tests import helpers
 from tests.cluster.pod_runner import PodRunner
-from tests.helpers import EXAMPLES, ROOT, wait_for
+from tests.helpers import EXAMPLES, ROOT, simulated_task, wait_for
 
 CRD = ROOT / "crds" / "largebatchjobs.largebatch.io.yaml"
 CHART = ROOT / "charts" / "largebatch"
@@ -54,14 +54,6 @@ def job_document(name: str, claim: str | None, total: int = TOTAL, **workers) ->
             "checkpoint": {"path": "/ckpt", "everySteps": 50} | ({"claimName": claim} if claim else {}),
         },
     }
-
-
-def simulated_task(seconds_per_sample: float) -> dict:
-    """spec.task for simulated training (largebatch_trainer.tasks:simulated): each sample takes
-    `seconds_per_sample` of sleep, so a job lasts what a test needs on any machine, and its CPU is the
-    trainer's own (a step's bookkeeping, the all-reduce of one weight), not a model's arithmetic. For the
-    tests whose subject is not the training itself."""
-    return {"entrypoint": "largebatch_trainer.tasks:simulated", "args": {"secondsPerSample": seconds_per_sample}}
 
 
 GROWING_TOTAL = 16 * 800

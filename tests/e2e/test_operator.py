@@ -33,9 +33,10 @@ pytestmark = pytest.mark.e2e
 
 TOTAL = 16 * 1_500
 """The samples of the jobs below that train the simulated task at SECONDS_PER_SAMPLE: 1,500 steps at
-batch 16, 72 s on one worker. Steps that wait rather than compute (linreg trained flat out: 8,000 steps
-and 26 to 64 CPU s a test), long enough for what each test does while the job runs."""
-SECONDS_PER_SAMPLE = 0.003
+batch 16, 24 s on one worker. Steps that wait rather than compute (linreg trained flat out: 8,000 steps
+and 26 to 64 CPU s a test), long enough for what each test does while the job runs, and no longer: the
+control plane, the operator and the agents cost CPU for every second a test lasts."""
+SECONDS_PER_SAMPLE = 0.001
 
 
 def paced(name: str, claim: str | None, total: int = TOTAL, **workers) -> dict:
@@ -150,7 +151,7 @@ def test_too_few_gpus_caps_the_job_and_a_new_node_lets_it_grow(crd, namespace, o
     nodes = [f"{namespace[:40]}-a", f"{namespace[:40]}-b"]
     crd.add_node(nodes[0], gpus=1)
     pod = {"tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes)}
-    total = 32 * 1_500  # at one worker with accumulation 2 (96 ms a step), long enough for a new worker to join
+    total = 32 * 1_500  # at one worker with accumulation 2 (32 ms a step), long enough for a new worker to join
     document = paced("cap", "checkpoints", total=total, min=1, max=2, pod=pod)
     document["spec"]["batch"] = {"initial": 32, "max": 32, "microBatchPerDevice": 16, "policy": {"type": "constant"}}
     try:

@@ -42,14 +42,14 @@ pytestmark = pytest.mark.e2e
 
 def contender(name: str, nodes: list[str], batch: int, total: int, priority: int = 0) -> dict:
     """A job of constant `batch` in micro-batches of 16 (one GPU each) on `nodes`, checkpointing on a claim
-    of its own, training the simulated task at 2 ms a sample (32 ms a micro-batch): steps that wait rather
+    of its own, training the simulated task at 1 ms a sample (16 ms a micro-batch): steps that wait rather
     than compute (linreg's 5,500 steps flat out took 36 CPU s)."""
     pod = {"tolerations": [KWOK_TOLERATION], "affinity": on_nodes(nodes)}
     document = job_document(name, f"ckpt-{name}", total=total, min=1, max=len(nodes), pod=pod)
     policy = {"type": "constant"}
     document["spec"]["batch"] = {"initial": batch, "max": batch, "microBatchPerDevice": 16, "policy": policy}
     document["spec"]["priority"] = priority
-    document["spec"]["task"] = simulated_task(0.002)
+    document["spec"]["task"] = simulated_task(0.001)
     return document
 
 

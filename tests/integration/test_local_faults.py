@@ -17,7 +17,7 @@ from largebatch import launch
 from largebatch.local import rundir
 from largebatch.local.nodes import descendants, parent_of
 from largebatch_trainer import checkpoint
-from tests.helpers import contiguous, wait_for
+from tests.helpers import contiguous, simulated_task, wait_for
 from tests.integration.trainer_helpers import (
     final_state,
     kill_tree,
@@ -35,8 +35,11 @@ BATCH = 32
 
 
 def long_job(tmp_path: Path, name: str, total: int = BATCH * 20_000, **overrides) -> Path:
+    """A job of simulated samples of 1 ms (16 ms a step at two nodes), longer than the tests that stop it
+    wait: while they wait, its workers sleep rather than train flat out (linreg took 15 to 54 CPU s a
+    test)."""
     spec = {
-        "task": {"args": {"dim": 16, "samples": 65_536}},
+        "task": simulated_task(0.001),
         "workers": {"min": 1, "max": 2},
         "batch": {"initial": BATCH, "max": BATCH, "microBatchPerDevice": 16, "policy": {"type": "constant"}},
         "schedule": {"totalSamples": total, "warmupSamples": 320},
@@ -207,15 +210,20 @@ def test_a_read_only_or_file_run_dir_is_one_line_and_exit_2(tmp_path, tmpfs):
 
 
 def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tmp_path):
-    job, run_dir = long_job(tmp_path, "sessions", total=BATCH * 3_000), tmp_path / "run"
-    # Ctrl-C: the record ends where the checkpoint it stopped on ends.
+    job, run_dir = long_job(tmp_path, "sessions", total=BATCH * 1_500), tmp_path / "run"
+    # Ctrl-C: the record ends where the checkpoint it stopped on ends, and no process of the run is left.
     runner = start_lbctl(job, run_dir)
     try:
         stepping(run_dir, 100)
+        children = descendants(runner.pid)
+        assert len(children) >= 2  # a torchrun agent and its worker
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=120) == 130
     finally:
         kill_tree(runner.pid)
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    assert alive == [], f"left behind: {alive}"
+    assert trainer_workers(job) == {}
     record = record_of(run_dir)
     assert record["samplesConsumed"] == history_end(record) == final_state(run_dir / "checkpoints")["progress"][
         "samples"]  # fmt: skip
@@ -260,6 +268,6 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = record_of(run_dir)
     assert [s["outcome"] for s in record["sessionLog"]] == ["stopped", "lost", "stopped", "complete"]
-    assert record["complete"] and record["samplesConsumed"] == history_end(record) == BATCH * 3_000
+    assert record["complete"] and record["samplesConsumed"] == history_end(record) == BATCH * 1_500
     spans = [(h["firstSample"], h["firstSample"] + h["globalBatch"] * h["steps"]) for h in record["history"]]
-    assert contiguous(spans, BATCH * 3_000)
+    assert contiguous(spans, BATCH * 1_500)

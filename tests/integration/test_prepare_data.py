@@ -75,7 +75,7 @@ def test_a_saved_dataset_gives_one_document_per_row(tmp_path, tokenizer):
 
 def test_a_run_killed_half_way_is_finished_by_the_next_into_the_same_file(tmp_path, tokenizer):
     text = b"".join(p.read_bytes() for p in texts(400))[:PIECE_BYTES]
-    corpus = [tmp_path / f"doc-{i:02}.txt" for i in range(16)]  # 16 pieces, 0.6 s each
+    corpus = [tmp_path / f"doc-{i:02}.txt" for i in range(8)]  # 8 pieces, 0.6 s each
     for i, path in enumerate(corpus):
         path.write_bytes(text[i:])
     out, state = tmp_path / "train.bin", tmp_path / "train.bin.partial.json"

@@ -15,7 +15,7 @@ from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
 from largebatch_trainer.main import NAME_PREFIX
-from tests.helpers import merge, spec_dict, wait_for
+from tests.helpers import merge, spec_dict
 
 PYTHON = sys.executable
 # largebatch's torchrun, as the shells start it (its workers forked from the agent: largebatch_trainer.forked).
@@ -105,17 +105,6 @@ def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen(
         command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
-
-
-def start_training(job: Path, run_dir: Path) -> subprocess.Popen:
-    """`lbctl run` in the background, returned once it is past its first 200 steps."""
-    runner = start_lbctl(job, run_dir)
-    try:
-        wait_for(lambda: progress_of(run_dir)["progress"]["step"] > 200, timeout=120, what="training")
-    except BaseException:
-        kill_tree(runner.pid)
-        raise
-    return runner
 
 
 def progress_of(run_dir: Path) -> dict:
