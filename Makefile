@@ -10,11 +10,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: run test venv crds dashboards images lint cluster-tools cluster-up cluster-down
 
 # constraints.txt pins the torch that the tests run and the trainer image ships; dev/test-constraints.txt
-# the test tools.
+# the test tools. uv installs them: from its cache (~/.cache/uv) it links the files into a fresh clone's venv
+# in about 8 s where pip took about 100 s to unpack torch's 6 GB again, and a cold install downloads in
+# parallel (21 s against pip's ~100 s here).
 $(STAMP): pyproject.toml constraints.txt dev/test-constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -c dev/test-constraints.txt -e ".[trainer,digits,hf,dev]"
+	$(PY) -m pip install --quiet "uv>=0.13"
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -c constraints.txt -c dev/test-constraints.txt -e ".[trainer,digits,hf,dev]"
 	touch $@
 
 venv: $(STAMP)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -47,24 +50,44 @@ def compute_lanes(workers: int) -> int:
     return max(1, workers - len(E2E_LANES))
 
 
+LANE_SECONDS = Path(__file__).with_name("lane_seconds.json")
+"""Each test's wall seconds in one `make test` run (`python -m tests.timing_table DIR --lane-seconds`)."""
+
+
+def deal(tests: list[str], e2e_lane: dict[str, str], lanes: int, seconds: dict[str, float]) -> dict[str, str]:
+    """Each test's lane: an e2e test's is given; the others go, longest first, to whichever lane has the
+    least work so far, the e2e lanes (with their e2e tests' seconds) among them. The run lasts as long as
+    its longest lane, and lanes that end early leave their share of the cores idle: dealt in turn to the
+    compute lanes only, these ended at 995 and 1,027 s and the e2e lanes at 750 to 811 s (2026-12-05),
+    while two workers ran at 0.45 of a core each. A test not in `seconds` counts as the median one."""
+    typical = statistics.median(seconds.values()) if seconds else 1.0
+    load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: 0.0 for lane in E2E_LANES}
+    for test, lane in e2e_lane.items():
+        load[lane] += seconds.get(test, typical)
+    lane_of = dict(e2e_lane)
+    for test in sorted((t for t in tests if t not in e2e_lane), key=lambda t: -seconds.get(t, typical)):
+        lane = min(load, key=lambda name: (load[name], name))
+        lane_of[test] = lane
+        load[lane] += seconds.get(test, typical)
+    return lane_of
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`make test`: `--dist loadgroup`), every test goes to a lane, an xdist group that
-    one worker runs in order: each e2e test to its E2E_LANES lane, the others dealt in turn to the compute
-    lanes, the process tests apart from the unit tests so that each lane gets its share of both. First,
+    one worker runs in order: each e2e test to its E2E_LANES lane, the others as `deal` says. First,
     because xdist's own hook reads the marks into the test's id (without tryfirst it ran before this one,
     and the tests went to any worker)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if not workers:
         return
-    lane_of = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
-    lanes = compute_lanes(workers)
-    dealt = {"integration": 0, "unit": 0}
+    module_lane = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
+    e2e_lane = {
+        item.nodeid: module_lane.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")
+        for item in items
+        if item.get_closest_marker("e2e")
+    }
+    seconds = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.exists() else {}
+    lane_of = deal([item.nodeid for item in items], e2e_lane, compute_lanes(workers), seconds)
     for item in items:
-        if item.get_closest_marker("e2e"):
-            lane = lane_of.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")
-        else:
-            kind = "integration" if item.get_closest_marker("integration") else "unit"
-            lane = f"compute-{dealt[kind] % lanes}"
-            dealt[kind] += 1
-        item.add_marker(pytest.mark.xdist_group(lane))
+        item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))

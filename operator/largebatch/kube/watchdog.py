@@ -41,9 +41,11 @@ def backoffs(total: float, scale: float = 1.0) -> list[float]:
     """Seconds between tries of one request: kopf's own, then LONGEST_BACKOFF at a time, each times
     `scale`, until the waits add up to `total` (the last one cut short to land on it)."""
     waits: list[float] = []
-    while sum(waits) < total:
+    spent = 0.0  # kept rather than summed each time: a small scale makes tens of thousands of waits
+    while spent < total:
         step = KOPF_BACKOFFS[len(waits)] if len(waits) < len(KOPF_BACKOFFS) else LONGEST_BACKOFF
-        waits.append(min(step * scale, total - sum(waits)))
+        waits.append(min(step * scale, total - spent))
+        spent += waits[-1]
     return waits
 
 

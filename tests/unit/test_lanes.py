@@ -1,0 +1,36 @@
+"""How tests/conftest.py deals the tests into xdist lanes: every test gets one, the e2e tests keep the
+lane their control plane is in, and the lanes end within one test of each other."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import E2E_LANES, deal
+
+durations = st.dictionaries(st.text(min_size=1, max_size=8), st.floats(0.1, 300), min_size=1, max_size=60)
+
+
+@given(durations, st.data(), st.integers(1, 8))
+def test_every_test_gets_a_lane_and_the_lanes_end_within_one_test_of_each_other(seconds, data, lanes):
+    tests = list(seconds)
+    e2e = {test: data.draw(st.sampled_from(sorted(E2E_LANES))) for test in tests if data.draw(st.booleans())}
+    lane_of = deal(tests, e2e, lanes, seconds)
+    assert set(lane_of) == set(tests)
+    assert all(lane_of[test] == lane for test, lane in e2e.items())
+    load = {lane: 0.0 for lane in [*(f"compute-{i}" for i in range(lanes)), *E2E_LANES]}
+    for test, lane in lane_of.items():
+        load[lane] += seconds[test]
+    dealt = [seconds[test] for test in tests if test not in e2e]
+    # Longest first to the least loaded: a lane ends at most one dealt test after the least loaded one,
+    # unless its e2e tests alone take it beyond.
+    e2e_only = {lane: sum(seconds[t] for t, l in e2e.items() if l == lane) for lane in load}
+    for lane, total in load.items():
+        assert total <= max(min(load.values()) + max(dealt, default=0), e2e_only[lane]) + 1e-9
+
+
+def test_a_test_without_a_recorded_time_counts_as_the_median_one():
+    seconds = {"a": 1.0, "b": 2.0, "c": 100.0}
+    lane_of = deal(["a", "b", "c", "new"], {}, 1, seconds)
+    # compute-0 takes c (100 s); b, a and the new one (2 s) fill the three e2e lanes, which are empty.
+    assert lane_of["c"] == "compute-0" and sorted(lane_of[t] for t in ("a", "b", "new")) == sorted(E2E_LANES)
