@@ -24,7 +24,7 @@ def test_every_test_gets_a_lane_and_the_lanes_end_within_one_test_of_each_other(
     dealt = [seconds[test] for test in tests if test not in e2e]
     # Longest first to the least loaded: a lane ends at most one dealt test after the least loaded one,
     # unless its e2e tests alone take it beyond.
-    e2e_only = {lane: sum(seconds[t] for t, l in e2e.items() if l == lane) for lane in load}
+    e2e_only = {lane: sum(seconds[t] for t, its in e2e.items() if its == lane) for lane in load}
     for lane, total in load.items():
         assert total <= max(min(load.values()) + max(dealt, default=0), e2e_only[lane]) + 1e-9
 
