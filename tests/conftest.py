@@ -52,16 +52,23 @@ def compute_lanes(workers: int) -> int:
 
 LANE_SECONDS = Path(__file__).with_name("lane_seconds.json")
 """Each test's wall seconds in one `make test` run (`python -m tests.timing_table DIR --lane-seconds`)."""
+IMAGES_SECONDS = 400.0
+"""What the e2e-node lane's first image test takes longer when the node does not hold this checkout's
+images yet (any change under operator/ or trainer_image/): 400 s against 30 s with the layers built and
+the import into containerd left (2026-12-06; a cold build adds more)."""
 
 
-def deal(tests: list[str], e2e_lane: dict[str, str], lanes: int, seconds: dict[str, float]) -> dict[str, str]:
+def deal(
+    tests: list[str], e2e_lane: dict[str, str], lanes: int, seconds: dict[str, float], head_start: dict[str, float]
+) -> dict[str, str]:
     """Each test's lane: an e2e test's is given; the others go, longest first, to whichever lane has the
-    least work so far, the e2e lanes (with their e2e tests' seconds) among them. The run lasts as long as
+    least work so far, the e2e lanes (with their e2e tests' seconds, and the `head_start` a lane's set-up
+    takes) among them. The run lasts as long as
     its longest lane, and lanes that end early leave their share of the cores idle: dealt in turn to the
     compute lanes only, these ended at 995 and 1,027 s and the e2e lanes at 750 to 811 s (2026-12-05),
     while two workers ran at 0.45 of a core each. A test not in `seconds` counts as the median one."""
     typical = statistics.median(seconds.values()) if seconds else 1.0
-    load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: 0.0 for lane in E2E_LANES}
+    load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: head_start.get(lane, 0.0) for lane in E2E_LANES}
     for test, lane in e2e_lane.items():
         load[lane] += seconds.get(test, typical)
     lane_of = dict(e2e_lane)
@@ -88,6 +95,9 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("e2e")
     }
     seconds = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.exists() else {}
-    lane_of = deal([item.nodeid for item in items], e2e_lane, compute_lanes(workers), seconds)
+    from tests.cluster import images
+
+    head_start = {} if images.loaded() else {"e2e-node": IMAGES_SECONDS}
+    lane_of = deal([item.nodeid for item in items], e2e_lane, compute_lanes(workers), seconds, head_start)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))

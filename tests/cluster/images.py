@@ -141,6 +141,17 @@ def load(images: Images, docker: Docker, node: RealNode) -> None:
         if save.wait() or imported.returncode:
             raise RuntimeError(f"loading {image} into the node failed: {imported.stderr.decode()[-2000:]}")
     remove_others(node, keep=[*images, PAUSE_IMAGE])
+    LOADED.write_text(images.tag)
+
+
+LOADED = CACHE / "node-images.tag"
+"""The tag last loaded into the node: tests/conftest.py deals the lanes knowing whether the e2e-node lane
+builds and loads the images first (`loaded`) without starting a daemon to ask."""
+
+
+def loaded() -> bool:
+    """Whether the node's containerd holds this checkout's images, as far as the last load says."""
+    return LOADED.exists() and LOADED.read_text() == f"test-{inputs_digest()}"
 
 
 def targets(node: RealNode) -> dict[str, str]:

@@ -15,7 +15,7 @@ durations = st.dictionaries(st.text(min_size=1, max_size=8), st.floats(0.1, 300)
 def test_every_test_gets_a_lane_and_the_lanes_end_within_one_test_of_each_other(seconds, data, lanes):
     tests = list(seconds)
     e2e = {test: data.draw(st.sampled_from(sorted(E2E_LANES))) for test in tests if data.draw(st.booleans())}
-    lane_of = deal(tests, e2e, lanes, seconds)
+    lane_of = deal(tests, e2e, lanes, seconds, {})
     assert set(lane_of) == set(tests)
     assert all(lane_of[test] == lane for test, lane in e2e.items())
     load = {lane: 0.0 for lane in [*(f"compute-{i}" for i in range(lanes)), *E2E_LANES]}
@@ -31,6 +31,14 @@ def test_every_test_gets_a_lane_and_the_lanes_end_within_one_test_of_each_other(
 
 def test_a_test_without_a_recorded_time_counts_as_the_median_one():
     seconds = {"a": 1.0, "b": 2.0, "c": 100.0}
-    lane_of = deal(["a", "b", "c", "new"], {}, 1, seconds)
+    lane_of = deal(["a", "b", "c", "new"], {}, 1, seconds, {})
     # compute-0 takes c (100 s); b, a and the new one (2 s) fill the three e2e lanes, which are empty.
     assert lane_of["c"] == "compute-0" and sorted(lane_of[t] for t in ("a", "b", "new")) == sorted(E2E_LANES)
+
+
+def test_a_lane_that_builds_the_images_first_gets_that_much_less_of_the_rest():
+    seconds = {f"t{i}": 10.0 for i in range(40)}
+    lane_of = deal(list(seconds), {}, 2, seconds, {"e2e-node": 300.0})
+    # 400 s of tests over five lanes: 80 s each, but the lane 300 s into its images gets none of them.
+    assert "e2e-node" not in lane_of.values()
+    assert sorted(list(lane_of.values()).count(lane) for lane in set(lane_of.values())) == [10, 10, 10, 10]
