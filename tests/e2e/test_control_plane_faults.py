@@ -24,13 +24,12 @@ from tests.e2e.jobs import (
     history,
     job_document,
     shared_claim,
-    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
 )
 from tests.e2e.operator_process import OperatorProcess, through_proxy
-from tests.helpers import wait_for
+from tests.helpers import simulated_task, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -27,13 +27,13 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
-    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
     world,
 )
 from tests.e2e.operator_process import OperatorProcess
+from tests.helpers import simulated_task
 
 pytestmark = pytest.mark.e2e
 

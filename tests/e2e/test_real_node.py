@@ -23,8 +23,8 @@ from kubernetes import client
 
 from largebatch_trainer import checkpoint
 from tests.cluster import node
-from tests.e2e.jobs import CHART, apply, condition, contiguous, job_document, simulated_task, status_of
-from tests.helpers import ROOT, wait_for
+from tests.e2e.jobs import CHART, apply, condition, contiguous, job_document, status_of
+from tests.helpers import ROOT, simulated_task, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -20,12 +20,11 @@ from tests.e2e.jobs import (
     job_document,
     on_nodes,
     shared_claim,
-    simulated_task,
     status_of,
     wait_or_explain,
     wait_until_succeeded,
 )
-from tests.helpers import resumed_steps, resumed_where_stopped, wait_for
+from tests.helpers import resumed_steps, resumed_where_stopped, simulated_task, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +37,11 @@ EVERY = 50  # checkpoint.everySteps of job_document
 
 
 def two_worker_job(
-    name: str, nodes: list[str], tolerations: tuple[dict, ...] = (), total: int = TOTAL, seconds_per_sample=0.002
+    name: str,
+    nodes: list[str],
+    tolerations: tuple[dict, ...] = (),
+    total: int = TOTAL,
+    seconds_per_sample: float = 0.002,
 ) -> dict:
     """Batch 32 of micro-batches of 16: two one-GPU workers, or one with accumulation 2."""
     pod = {"tolerations": [KWOK_TOLERATION, *tolerations], "affinity": on_nodes(nodes)}
