@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 from pathlib import Path
 
@@ -26,6 +27,12 @@ settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("thorough", max_examples=2_000, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# A shell without job control starts a background command (`nohup make test &`, a script's `cmd &`) with
+# SIGINT ignored, and every process it starts inherits that: the tests that Ctrl-C an lbctl, an agent or
+# this process would test nothing. Ctrl-C means here what it means at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 E2E_LANES = {

@@ -118,8 +118,11 @@ def test_a_run_directory_belongs_to_one_run_at_a_time(tmp_path):
     try:
         wait_for(lambda: record_of(run_dir)["sessions"] == 2, what="the second session to start")
         assert not stale.exists()
+        # Ctrl-C as soon as the session has recorded itself, while it still imports torch: a clean stop,
+        # recorded as one, not a KeyboardInterrupt.
         resumed.send_signal(signal.SIGINT)
-        resumed.wait(timeout=120)
+        assert resumed.wait(timeout=120) == 128 + signal.SIGINT
+        assert record_of(run_dir)["sessionLog"][-1]["outcome"] == "stopped"
     finally:
         kill_tree(resumed.pid)
 

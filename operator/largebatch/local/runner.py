@@ -7,11 +7,13 @@ start, stop or lose nodes at any moment, and a second `lbctl run` of the same ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,18 +104,28 @@ class LocalRun:
             metrics_port=self.options.metrics_port,
             lock_fd=self.lock,
         )
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         started = self.started = time.monotonic()
         try:
             finished = self._loop()
         finally:
             stop_nodes(self.nodes)
             self.nodes = []
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             self.state.wall_seconds += time.monotonic() - started
             del store
         return 0 if finished else 128 + self.stopped_by
+
+    @contextlib.contextmanager
+    def stopped_by_signals(self) -> Iterator[None]:
+        """Ctrl-C, SIGTERM and SIGHUP stop the run cleanly while the block runs. The session enters it before
+        it records itself: a signal in the seconds before the loop (torch's import, the store) then stops
+        the run at its first tick, where a KeyboardInterrupt used to end lbctl with a traceback and the
+        session recorded as lost."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True

@@ -95,13 +95,14 @@ def _session(manifest: LargeBatchJob, job: Path, options) -> NoReturn:
     try:
         with LiveDisplay(console, manifest.metadata.name, spec.schedule.total_samples) as display:
             runner = LocalRun(manifest, job, options, display)
-            record.write(runner.record(), runner.run_dir, with_plot=False)  # this session, from its start
-            try:
-                code, failure = runner.run(), None
-            except RunFailed as exc:
-                code, failure = 1, exc
-            except OSError as exc:  # the run's own files (its logs, a node's start): a full or vanished disk
-                code, failure = 2, f"{exc.filename or runner.run_dir}: {exc.strerror or exc}"
+            with runner.stopped_by_signals():
+                record.write(runner.record(), runner.run_dir, with_plot=False)  # this session, from its start
+                try:
+                    code, failure = runner.run(), None
+                except RunFailed as exc:
+                    code, failure = 1, exc
+                except OSError as exc:  # the run's own files (its logs, a node's start): a full or vanished disk
+                    code, failure = 2, f"{exc.filename or runner.run_dir}: {exc.strerror or exc}"
     except (RunDirError, record.RecordError) as exc:
         raise fail(exc) from None
     if failure:
