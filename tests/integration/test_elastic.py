@@ -1,11 +1,13 @@
 """Elastic training with real torchrun agents and a rendezvous store that no worker hosts: two nodes
-train, one node is killed (SIGKILL to its agent and worker), the survivor restarts at world size 1 from
-the newest checkpoint and finishes. No sample is skipped or repeated, and the result matches an
-uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it."""
+train, one node fails for good (its worker killed, its agent out of restarts), the survivor restarts at
+world size 1 from the newest checkpoint and finishes. No sample is skipped or repeated, and the result
+matches an uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 
 import pytest
@@ -21,6 +23,7 @@ from tests.integration.trainer_helpers import (
     run_standalone,
     spec_of,
     trainer_env,
+    trainer_workers,
     write_job,
 )
 
@@ -40,7 +43,7 @@ def job(tmp_path, name):
     )
 
 
-def agent(job_path, port: int, progress) -> subprocess.Popen:
+def agent(job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS) -> subprocess.Popen:
     """One worker node, launched as the shells launch it."""
     command = launch.torchrun_args(
         spec_of(job_path),
@@ -49,6 +52,7 @@ def agent(job_path, port: int, progress) -> subprocess.Popen:
         python=PYTHON,
         log_dir=str(job_path.with_name("torchelastic")),
     )
+    command[command.index(f"--max-restarts={launch.MAX_RESTARTS}")] = f"--max-restarts={max_restarts}"
     env = trainer_env() | launch.trainer_env(
         checkpoint_dir=str(job_path.with_name("elastic-ckpt")),
         metrics_port=0,
@@ -105,15 +109,22 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     port = free_port()
     store = rendezvous_store(port)
     job_path, progress = job(tmp_path, "elastic"), tmp_path / "progress.json"
-    first, second = agent(job_path, port, progress), agent(job_path, port, progress)
+    # The second node's own copy of the job, to find its worker by; no restarts, so its agent gives up.
+    failing = tmp_path / "elastic-failing.yaml"
+    failing.write_text(job_path.read_text())
+    first, second = agent(job_path, port, progress), agent(failing, port, progress, max_restarts=0)
     try:
         two_nodes_training(progress)
         # The survivor resumes from the newest checkpoint, so wait for one the two nodes wrote: a node lost
         # before that (the second can join late when steps are fast) leaves nothing of world size 2 to see.
         wait_for(lambda: 2 in [run[3] for run in newest_history(job_path.with_name("elastic-ckpt"))], timeout=120,
                  what="a checkpoint written by the two nodes")  # fmt: skip
-        kill_tree(second.pid)  # the node is gone: agent and worker
-        second.wait()
+        # Its worker killed, the second agent leaves failed, not by a signal: torch's launcher then closes
+        # the round's rendezvous, and the survivor, restarting into it, failed with RendezvousClosedError
+        # (largebatch_trainer.rejoin keeps the round open).
+        (worker,) = trainer_workers(failing).values()
+        os.kill(worker, signal.SIGKILL)
+        assert second.wait(timeout=120) != 0
         assert first.wait(timeout=240) == 0, first.args
     finally:
         for process in (first, second):

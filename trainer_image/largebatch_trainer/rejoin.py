@@ -8,6 +8,8 @@ and use up the job's restarts, for a fault that is none of theirs.
 store); once an address answers again, the handler is built anew, the agent is told that a node waits,
 and it restarts its group as it does for a newcomer: the workers stop after the same step with a
 checkpoint (SIGTERM) and join a fresh rendezvous in the new store. No sample is redone.
+
+An agent that leaves also leaves the round open (`shutdown`): torch's would close it to every agent.
 """
 
 from __future__ import annotations
@@ -60,9 +62,12 @@ class Rejoining(RendezvousHandler):
         self._lost = True
         # Stop its heartbeats, but do not shut it down: a store that only timed out under load is still
         # there, and shutting down would close the round for every other agent too.
-        stop_heartbeats = getattr(self._handler, "_stop_heartbeats", None)  # torch's c10d handler's own
-        if stop_heartbeats:
-            stop_heartbeats()
+        self._stop_heartbeats()
+
+    def _stop_heartbeats(self) -> None:
+        stop = getattr(self._handler, "_stop_heartbeats", None)  # torch's c10d handler's own
+        if stop:
+            stop()
 
     def _reconnect(self) -> bool:
         """Build the handler again once the store's address answers; whether it did."""
@@ -99,4 +104,11 @@ class Rejoining(RendezvousHandler):
         return self._handler.get_run_id()
 
     def shutdown(self) -> bool:
-        return self._handler.shutdown()
+        """Leave the round without closing it. torch's launcher shuts the handler down when its agent leaves
+        for any reason but a signal, and its handler then closes the rendezvous for good: after one agent
+        failed (a store timeout on a loaded machine), its peers' restarts and every replacement the
+        operator started into the round failed with RendezvousClosedError, and the job used up its
+        restarts. Who is in a round is the shell's to say (the operator, the local runner), not an
+        agent's; a finished job's agents leave by themselves."""
+        self._stop_heartbeats()
+        return True
