@@ -70,10 +70,10 @@ def deal(
 ) -> dict[str, str]:
     """Each test's lane: an e2e test's is given; the others go, longest first, to whichever lane has the
     least work so far, the e2e lanes (with their e2e tests' seconds, and the `head_start` a lane's set-up
-    takes) among them. The run lasts as long as
-    its longest lane, and lanes that end early leave their share of the cores idle: dealt in turn to the
-    compute lanes only, these ended at 995 and 1,027 s and the e2e lanes at 750 to 811 s (2026-12-05),
-    while two workers ran at 0.45 of a core each. A test not in `seconds` counts as the median one."""
+    takes) among them. The run lasts as long as its longest lane, and lanes that end early leave their
+    share of the cores idle: dealt in turn to the compute lanes only, these ended at 995 and 1,027 s and
+    the e2e lanes at 750 to 811 s (2026-12-05), while two workers ran at 0.45 of a core each. A test not
+    in `seconds` counts as the median one."""
     typical = statistics.median(seconds.values()) if seconds else 1.0
     load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: head_start.get(lane, 0.0) for lane in E2E_LANES}
     for test, lane in e2e_lane.items():

@@ -29,6 +29,11 @@ INPUTS = ("pyproject.toml", "constraints.txt", "operator", "trainer_image")
 """What the Dockerfiles copy (operator/Dockerfile and trainer_image/Dockerfile among them)."""
 
 
+def checkout_tag() -> str:
+    """The tests' tag for this checkout's images."""
+    return f"test-{inputs_digest()}"
+
+
 def inputs_digest() -> str:
     digest = hashlib.sha256()
     for top in INPUTS:
@@ -112,7 +117,7 @@ def build(docker: Docker) -> Images:
     base = subprocess.run([str(ROOT / "dev" / "base_image.sh")], env=docker.env, capture_output=True, text=True)
     if base.returncode:
         raise RuntimeError(f"dev/base_image.sh failed:\n{base.stderr[-3000:]}")
-    tag = f"test-{inputs_digest()}"
+    tag = checkout_tag()
     images = Images(f"{REPOSITORY}/operator:{tag}", f"{REPOSITORY}/trainer:{tag}")
     if all(docker.run("image", "inspect", image, check=False).returncode == 0 for image in images):
         return images
@@ -151,7 +156,7 @@ builds and loads the images first (`loaded`) without starting a daemon to ask.""
 
 def loaded() -> bool:
     """Whether the node's containerd holds this checkout's images, as far as the last load says."""
-    return LOADED.exists() and LOADED.read_text() == f"test-{inputs_digest()}"
+    return LOADED.exists() and LOADED.read_text() == checkout_tag()
 
 
 def targets(node: RealNode) -> dict[str, str]:
