@@ -36,17 +36,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 E2E_LANES = {
-    "e2e-node": ("test_real_node", "test_workload_faults", "test_prometheus", "test_cluster_harness",
-                 "test_operator_failures"),
+    "e2e-node": ("test_real_node",),
     "e2e-sharing": ("test_sharing", "test_kueue"),
     "e2e-faults": ("test_control_plane_faults", "test_operator", "test_crd_on_a_real_apiserver", "test_helm_release",
                    "test_lbctl_status", "test_lbctl_run", "test_operator_replicas"),
 }  # fmt: skip
-"""The e2e tests' lanes: each is an xdist group, so one worker runs its tests one after the other on the
-control plane that worker starts (tests/e2e/conftest.py), beside the other lanes' workers and theirs.
-The real node, of which a machine has one, is only asked for by e2e-node's tests; e2e-faults stops its
-control plane's API server and etcd, which no other lane's tests see. Balanced by the modules' times in
-tests/README.md; a module not named here goes to e2e-node."""
+"""The e2e modules that keep a lane: each lane is an xdist group, so one worker runs its tests one after
+the other on the control plane that worker starts (tests/e2e/conftest.py), beside the other lanes' workers
+and theirs. The real node, of which a machine has one, is only asked for by e2e-node's tests; e2e-faults
+stops its control plane's API server and etcd, which no other lane's tests see. Balanced by the modules'
+times in tests/README.md. Every other e2e module is dealt (`deal`)."""
 
 
 def compute_lanes(workers: int) -> int:
@@ -59,27 +58,46 @@ def compute_lanes(workers: int) -> int:
 
 LANE_SECONDS = Path(__file__).with_name("lane_seconds.json")
 """Each test's wall seconds in one `make test` run (`python -m tests.timing_table DIR --lane-seconds`)."""
-IMAGES_SECONDS = 400.0
-"""What the e2e-node lane's first image test takes longer when the node does not hold this checkout's
-images yet (any change under operator/ or trainer_image/): 400 s against 30 s with the layers built and
-the import into containerd left (2026-12-06; a cold build adds more)."""
+IMAGES_SECONDS = {"loaded": 0.0, "layers built": 400.0, "cold": 930.0}
+"""How much longer than with this checkout's images in the node's containerd the e2e-node lane's first
+image test takes, by `tests.cluster.images.readiness()`: with the layers built and the import into
+containerd left, 400 s against 30 s (2026-12-06); on a machine that never built them (the debootstrap
+base, torch's wheels), 960 s (ac2f805, pip in the Dockerfiles)."""
 
 
 def deal(
-    tests: list[str], e2e_lane: dict[str, str], lanes: int, seconds: dict[str, float], head_start: dict[str, float]
+    tests: list[str],
+    e2e_lane: dict[str, str],
+    lanes: int,
+    seconds: dict[str, float],
+    head_start: dict[str, float],
+    e2e_dealt: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Each test's lane: an e2e test's is given; the others go, longest first, to whichever lane has the
-    least work so far, the e2e lanes (with their e2e tests' seconds, and the `head_start` a lane's set-up
-    takes) among them. The run lasts as long as its longest lane, and lanes that end early leave their
-    share of the cores idle: dealt in turn to the compute lanes only, these ended at 995 and 1,027 s and
-    the e2e lanes at 750 to 811 s (2026-12-05), while two workers ran at 0.45 of a core each. A test not
-    in `seconds` counts as the median one."""
+    """Each test's lane. An e2e test in `e2e_lane` keeps the lane it names; one in `e2e_dealt` (test to
+    its module) goes with its whole module, longest module first, to whichever e2e lane has the least work
+    so far; the others go, longest first, to whichever lane has the least, the e2e lanes (with their
+    tests' seconds, and the `head_start` a lane's set-up takes) among them. The run lasts as long as its
+    longest lane, and lanes that end early leave their share of the cores idle: dealt in turn to the
+    compute lanes only, these ended at 995 and 1,027 s and the e2e lanes at 750 to 811 s (2026-12-05),
+    while two workers ran at 0.45 of a core each; with the real node's lane building the images cold
+    (960 s) and its four other modules beside them, it ended 300 to 500 s after the rest (ac2f805). A
+    test not in `seconds` counts as the median one."""
+    e2e_dealt = e2e_dealt or {}
     typical = statistics.median(seconds.values()) if seconds else 1.0
     load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: head_start.get(lane, 0.0) for lane in E2E_LANES}
     for test, lane in e2e_lane.items():
         load[lane] += seconds.get(test, typical)
     lane_of = dict(e2e_lane)
-    for test in sorted((t for t in tests if t not in e2e_lane), key=lambda t: -seconds.get(t, typical)):
+    modules: dict[str, list[str]] = {}
+    for test, module in e2e_dealt.items():
+        modules.setdefault(module, []).append(test)
+    module_seconds = {module: sum(seconds.get(t, typical) for t in its) for module, its in modules.items()}
+    for module in sorted(modules, key=lambda m: (-module_seconds[m], m)):
+        lane = min(E2E_LANES, key=lambda name: (load[name], name))
+        lane_of |= dict.fromkeys(modules[module], lane)
+        load[lane] += module_seconds[module]
+    dealt = set(lane_of)
+    for test in sorted((t for t in tests if t not in dealt), key=lambda t: -seconds.get(t, typical)):
         lane = min(load, key=lambda name: (load[name], name))
         lane_of[test] = lane
         load[lane] += seconds.get(test, typical)
@@ -96,15 +114,19 @@ def pytest_collection_modifyitems(items):
     if not workers:
         return
     module_lane = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
-    e2e_lane = {
-        item.nodeid: module_lane.get(item.module.__name__.rsplit(".", 1)[-1], "e2e-node")
-        for item in items
-        if item.get_closest_marker("e2e")
-    }
+    e2e_lane, e2e_dealt = {}, {}
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            module = item.module.__name__.rsplit(".", 1)[-1]
+            if module in module_lane:
+                e2e_lane[item.nodeid] = module_lane[module]
+            else:
+                e2e_dealt[item.nodeid] = module
     seconds = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.exists() else {}
     from tests.cluster import images
 
-    head_start = {} if images.loaded() else {"e2e-node": IMAGES_SECONDS}
-    lane_of = deal([item.nodeid for item in items], e2e_lane, compute_lanes(workers), seconds, head_start)
+    head_start = {"e2e-node": IMAGES_SECONDS[images.readiness()]}
+    tests = [item.nodeid for item in items]
+    lane_of = deal(tests, e2e_lane, compute_lanes(workers), seconds, head_start, e2e_dealt)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))

@@ -28,6 +28,9 @@ from tests.helpers import ROOT, wait_for
 INPUTS = ("pyproject.toml", "constraints.txt", "operator", "trainer_image")
 """What the Dockerfiles copy (operator/Dockerfile and trainer_image/Dockerfile among them)."""
 
+DOCKER_DATA = CACHE / "docker"
+"""dockerd's data root: the base, torch's layer and the rest, kept from run to run."""
+
 
 def checkout_tag() -> str:
     """The tests' tag for this checkout's images."""
@@ -76,7 +79,7 @@ class Docker:
         self.env = dict(os.environ, DOCKER_HOST=f"unix://{self.socket}", DOCKER_BUILDKIT="0")
         self.daemon = Daemon.spawn([
             "dockerd", "--storage-driver=overlay2", "--iptables=false", "--ip6tables=false", "--bridge=none",
-            f"--data-root={CACHE / 'docker'}", f"--exec-root={directory / 'exec'}", f"-H=unix://{self.socket}",
+            f"--data-root={DOCKER_DATA}", f"--exec-root={directory / 'exec'}", f"-H=unix://{self.socket}",
             f"--pidfile={directory / 'dockerd.pid'}",
         ], directory / "dockerd.log")  # fmt: skip
         wait_for(lambda: self.daemon.alive() and self.run("version", check=False).returncode == 0,
@@ -157,6 +160,15 @@ builds and loads the images first (`loaded`) without starting a daemon to ask.""
 def loaded() -> bool:
     """Whether the node's containerd holds this checkout's images, as far as the last load says."""
     return LOADED.exists() and LOADED.read_text() == checkout_tag()
+
+
+def readiness() -> str:
+    """How far this machine is from running this checkout's images, for tests/conftest.py's dealing:
+    "loaded"; "layers built" (Docker's data is there, whatever changed since: the project's layers are
+    rebuilt and the images imported); or "cold" (no Docker data: the base and torch's layer to make)."""
+    if loaded():
+        return "loaded"
+    return "layers built" if DOCKER_DATA.is_dir() else "cold"
 
 
 def targets(node: RealNode) -> dict[str, str]:

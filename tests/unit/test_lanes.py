@@ -1,12 +1,16 @@
 """How tests/conftest.py deals the tests into xdist lanes: every test gets one, the e2e tests keep the
-lane their control plane is in, and the lanes end within one test of each other."""
+lane their control plane is in or go, module by module, to an e2e lane, and the lanes end within one test
+of each other."""
 
 from __future__ import annotations
+
+import json
+from collections import defaultdict
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import E2E_LANES, deal
+from tests.conftest import E2E_LANES, IMAGES_SECONDS, LANE_SECONDS, deal
 
 durations = st.dictionaries(st.text(min_size=1, max_size=8), st.floats(0.1, 300), min_size=1, max_size=60)
 
@@ -42,3 +46,48 @@ def test_a_lane_that_builds_the_images_first_gets_that_much_less_of_the_rest():
     # 400 s of tests over five lanes: 80 s each, but the lane 300 s into its images gets none of them.
     assert "e2e-node" not in lane_of.values()
     assert sorted(list(lane_of.values()).count(lane) for lane in set(lane_of.values())) == [10, 10, 10, 10]
+
+
+@given(durations, st.data(), st.integers(1, 4))
+def test_an_e2e_module_that_keeps_no_lane_goes_whole_to_an_e2e_lane(seconds, data, lanes):
+    tests = list(seconds)
+    dealt = {test: data.draw(st.sampled_from(["test_a", "test_b", "test_c"])) for test in tests[: len(tests) // 2]}
+    lane_of = deal(tests, {}, lanes, seconds, {"e2e-node": data.draw(st.floats(0, 2_000))}, dealt)
+    assert set(lane_of) == set(tests)
+    lanes_of_module = defaultdict(set)
+    for test, module in dealt.items():
+        lanes_of_module[module].add(lane_of[test])
+    assert all(len(its) == 1 and its <= set(E2E_LANES) for its in lanes_of_module.values()), lanes_of_module
+
+
+def recorded_e2e_modules() -> tuple[dict[str, float], dict[str, str]]:
+    """tests/lane_seconds.json's seconds, and each e2e test that keeps no lane with its module."""
+    seconds = json.loads(LANE_SECONDS.read_text())
+    kept = {module for modules in E2E_LANES.values() for module in modules}
+    dealt = {}
+    for test in seconds:
+        path = test.split("::")[0]
+        module = path.rsplit("/", 1)[-1].removesuffix(".py")
+        if path.startswith("tests/e2e/") and module not in kept:
+            dealt[test] = module
+    return seconds, dealt
+
+
+def test_the_real_nodes_other_modules_run_beside_it_warm_and_on_the_other_lanes_cold():
+    """With the images loaded, the modules that keep no lane fill the real node's lane, the lightest, as
+    they were balanced by hand before they were dealt; when the lane must first build the images cold,
+    they go to the two others, and so does every unit and process test."""
+    seconds, dealt = recorded_e2e_modules()
+    assert {"test_workload_faults", "test_prometheus"} <= set(dealt.values()), sorted(set(dealt.values()))
+    tests = list(seconds)
+    e2e_lane = {
+        test: lane for lane, modules in E2E_LANES.items() for module in modules for test in tests
+        if test.startswith(f"tests/e2e/{module}.py::")
+    }  # fmt: skip
+    warm = deal(tests, e2e_lane, 2, seconds, {"e2e-node": IMAGES_SECONDS["loaded"]}, dealt)
+    assert {warm[test] for test in dealt} == {"e2e-node"}
+    cold = deal(tests, e2e_lane, 2, seconds, {"e2e-node": IMAGES_SECONDS["cold"]}, dealt)
+    assert "e2e-node" not in {cold[test] for test in dealt}
+    assert {test for test, lane in cold.items() if lane == "e2e-node"} == {
+        test for test, lane in e2e_lane.items() if lane == "e2e-node"
+    }
