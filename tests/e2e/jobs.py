@@ -62,13 +62,15 @@ GROWING_TOTAL = 16 * 800
 
 def growing_job(name: str, claim: str, total: int = GROWING_TOTAL) -> dict:
     """A job that starts on one worker and grows to two at its Seesaw cut (batch 16 to 32), training the
-    simulated task at 6 ms a sample: the part of the run after the cut takes one worker 35 s, which
-    outlasts a new worker's start and rendezvous on a busy machine (linreg finished first in CI), without
-    the CPU of a real model (a small GPT took 59 CPU s here). Slow steps, and few: a step's bookkeeping
-    and all-reduce cost CPU whatever its sleep, so 800 steps of 96 ms cost a tenth of 8,000 of 9.6 ms, and
-    two workers stay faster than one on a busy machine (at 8 ms a step, the all-reduce's wait did not)."""
+    simulated task at 12 ms a sample: the part of the run after the cut takes one worker 70 s, which
+    outlasts a new worker's start and rendezvous on a busy machine, without the CPU of a real model (a
+    small GPT took 59 CPU s here). At 6 ms (35 s) the job ended before its second worker had printed a
+    line in a cold run, where the images built beside five lanes (load 11 on two cores, 49e8092), and
+    linreg finished first in CI before that. Slow steps, and few: a step's bookkeeping and all-reduce
+    cost CPU whatever its sleep, so 800 steps of 96 ms (6 ms a sample) cost a tenth of 8,000 of 9.6 ms,
+    and two workers stay faster than one on a busy machine (at 8 ms a step, the all-reduce's wait did not)."""
     document = job_document(name, claim, total)
-    document["spec"]["task"] = simulated_task(0.006)
+    document["spec"]["task"] = simulated_task(0.012)
     return document
 
 
