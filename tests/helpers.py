@@ -90,8 +90,12 @@ def newest_history(directory: Path) -> list[list[int]]:
     return newest[1]["history"] if newest else []
 
 
-def wait_for(condition, timeout: float = 60.0, what: str = ""):
-    """Poll an observable condition (not a fixed sleep) until it holds; OSError counts as not yet."""
+def wait_for(condition, timeout: float = 300.0, what: str = ""):
+    """Poll an observable condition (not a fixed sleep) until it holds; OSError counts as not yet. The
+    bound is the suite's usual one (lbctl's runs, a stalled job): at the start of a warm run, with five
+    lanes and three control planes starting at once on two cores, a trainer took 60 s to print its first
+    step (python and torch's import), and a 60 s bound failed the test (2026-12-06). A bound says when to
+    give up, never when something should have happened."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -72,7 +72,7 @@ class Prometheus:
                 stderr=subprocess.STDOUT,
             )
         prometheus = cls(process, f"http://127.0.0.1:{port}", log)
-        wait_for(prometheus.ready, timeout=60, what="Prometheus ready")
+        wait_for(prometheus.ready, what="Prometheus ready")
         return prometheus
 
     def ready(self) -> bool:

@@ -47,7 +47,7 @@ def test_two_replicas_one_acts_and_the_other_takes_over(crd, namespace, operator
                                    LARGEBATCH_PEERING=PEERING, LARGEBATCH_PEERING_PRIORITY="20")  # fmt: skip
     try:
         # Each replica starts paused and resumes once the peering shows no peer above it.
-        wait_for(lambda: len(peers()) == 2, timeout=90, what="both replicas in the peering")
+        wait_for(lambda: len(peers()) == 2, what="both replicas in the peering")
         wait_for(lambda: "Resuming operations" in leader.tail(), what="the leader to act")
         wait_for(lambda: paused(standby), what="the standby to stand by")
 

@@ -73,7 +73,7 @@ def create_once_admitted(create) -> None:
             raise
         return True
 
-    wait_for(created, timeout=60, what="the API server to admit a pod of the new PriorityClass")
+    wait_for(created, what="the API server to admit a pod of the new PriorityClass")
 
 
 def test_the_rendezvous_pod_deleted_then_a_worker_preempted_lose_nothing(crd, namespace, operator, tmp_path):

@@ -159,7 +159,7 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
         two_nodes_training(progress)
         store.kill()
         store.wait()
-        wait_for(lambda: all("rendezvous store at" in log.read_text() for log in logs), timeout=60,
+        wait_for(lambda: all("rendezvous store at" in log.read_text() for log in logs),
                  what="both agents to notice the store gone")  # fmt: skip
         step = json.loads(progress.read_text())["progress"]["step"]
         two_nodes_training(progress, past_step=step + 100)  # training needs no store

@@ -155,7 +155,7 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
         ports = sorted(metrics_port_of(pid) for pid in workers.values())
         os.kill(parent_of(workers[1]), signal.SIGKILL)  # rank 1's torchrun agent
         # Its worker dies with it (no orphan holding rank 1), and the runner replaces the node.
-        wait_for(lambda: not Path(f"/proc/{workers[1]}").exists(), timeout=30, what="the agent's worker to die")
+        wait_for(lambda: not Path(f"/proc/{workers[1]}").exists(), what="the agent's worker to die")
         wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2 and len(trainer_workers(job)) == 2
                  and workers[1] not in trainer_workers(job).values(), timeout=180,
                  what="a new node in the group")  # fmt: skip
@@ -248,7 +248,7 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
                 refusals.append(str(exc))
                 return None
 
-        lock = wait_for(claimed, timeout=60, what="the run directory to be free")
+        lock = wait_for(claimed, what="the run directory to be free")
         still_running = [pid for pid in family if running(pid)]
         os.close(lock)
         assert still_running == [] and refusals, (still_running, refusals)
