@@ -62,7 +62,8 @@ IMAGES_SECONDS = {"loaded": 0.0, "layers built": 400.0, "cold": 930.0}
 """How much longer than with this checkout's images in the node's containerd the e2e-node lane's first
 image test takes, by `tests.cluster.images.readiness()`: with the layers built and the import into
 containerd left, 400 s against 30 s (2026-12-06); on a machine that never built them (the debootstrap
-base, torch's wheels), 960 s (ac2f805, pip in the Dockerfiles)."""
+base, torch's wheels), 960 s (ac2f805, pip in the Dockerfiles) and 1,193 s on a slower hour (49e8092, uv).
+Past about 700 s the dealing is the same: the lane gets no module but the real node's (tests/lane_seconds.json)."""
 
 
 def deal(
