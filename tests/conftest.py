@@ -105,6 +105,14 @@ def deal(
     return lane_of
 
 
+def split_e2e(module_of: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The e2e tests (test to its module) split for `deal`: those whose module keeps a lane, with that
+    lane, and the others, with their module."""
+    module_lane = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
+    kept = {test: module_lane[module] for test, module in module_of.items() if module in module_lane}
+    return kept, {test: module for test, module in module_of.items() if test not in kept}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`make test`: `--dist loadgroup`), every test goes to a lane, an xdist group that
@@ -114,15 +122,9 @@ def pytest_collection_modifyitems(items):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if not workers:
         return
-    module_lane = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
-    e2e_lane, e2e_dealt = {}, {}
-    for item in items:
-        if item.get_closest_marker("e2e"):
-            module = item.module.__name__.rsplit(".", 1)[-1]
-            if module in module_lane:
-                e2e_lane[item.nodeid] = module_lane[module]
-            else:
-                e2e_dealt[item.nodeid] = module
+    e2e_lane, e2e_dealt = split_e2e(
+        {item.nodeid: item.module.__name__.rsplit(".", 1)[-1] for item in items if item.get_closest_marker("e2e")}
+    )
     seconds = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.exists() else {}
     from tests.cluster import images
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import E2E_LANES, IMAGES_SECONDS, LANE_SECONDS, deal
+from tests.conftest import E2E_LANES, IMAGES_SECONDS, LANE_SECONDS, deal, split_e2e
 
 durations = st.dictionaries(st.text(min_size=1, max_size=8), st.floats(0.1, 300), min_size=1, max_size=60)
 
@@ -60,30 +60,26 @@ def test_an_e2e_module_that_keeps_no_lane_goes_whole_to_an_e2e_lane(seconds, dat
     assert all(len(its) == 1 and its <= set(E2E_LANES) for its in lanes_of_module.values()), lanes_of_module
 
 
-def recorded_e2e_modules() -> tuple[dict[str, float], dict[str, str]]:
-    """tests/lane_seconds.json's seconds, and each e2e test that keeps no lane with its module."""
+def recorded_e2e_modules() -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+    """tests/lane_seconds.json's seconds, its e2e tests that keep a lane (with it), and the others (with
+    their module)."""
     seconds = json.loads(LANE_SECONDS.read_text())
-    kept = {module for modules in E2E_LANES.values() for module in modules}
-    dealt = {}
-    for test in seconds:
-        path = test.split("::")[0]
-        module = path.rsplit("/", 1)[-1].removesuffix(".py")
-        if path.startswith("tests/e2e/") and module not in kept:
-            dealt[test] = module
-    return seconds, dealt
+    paths = {test: test.split("::")[0] for test in seconds}
+    e2e = {
+        test: path.rsplit("/", 1)[-1].removesuffix(".py")
+        for test, path in paths.items()
+        if path.startswith("tests/e2e/")
+    }
+    return seconds, *split_e2e(e2e)
 
 
 def test_the_real_nodes_other_modules_run_beside_it_warm_and_on_the_other_lanes_cold():
     """With the images loaded, the modules that keep no lane fill the real node's lane, the lightest, as
     they were balanced by hand before they were dealt; when the lane must first build the images cold,
     they go to the two others, and so does every unit and process test."""
-    seconds, dealt = recorded_e2e_modules()
+    seconds, e2e_lane, dealt = recorded_e2e_modules()
     assert {"test_workload_faults", "test_prometheus"} <= set(dealt.values()), sorted(set(dealt.values()))
     tests = list(seconds)
-    e2e_lane = {
-        test: lane for lane, modules in E2E_LANES.items() for module in modules for test in tests
-        if test.startswith(f"tests/e2e/{module}.py::")
-    }  # fmt: skip
     warm = deal(tests, e2e_lane, 2, seconds, {"e2e-node": IMAGES_SECONDS["loaded"]}, dealt)
     assert {warm[test] for test in dealt} == {"e2e-node"}
     cold = deal(tests, e2e_lane, 2, seconds, {"e2e-node": IMAGES_SECONDS["cold"]}, dealt)
