@@ -4,6 +4,8 @@ exemptions."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -231,3 +233,21 @@ def test_fused_kernels_take_the_same_step(name):
 def test_optimizers_without_fused_kernels_run_as_they_are(name):
     optimizer = optim.build(OptimizerSpec(name=name, lr=0.1), tiny(), fused=True)
     assert "fused" not in optimizer.defaults
+
+
+def test_the_agent_imports_pytorch_optimizer_only_for_a_job_that_asks_for_lamb_or_lars():
+    """What a torchrun agent imports before it forks its trainers (largebatch_trainer.forked) leaves out
+    pytorch-optimizer and the transformers it imports, a second of CPU in every agent of an SGD or AdamW
+    job (benchmarks/README.md, "Worker start"); building a LAMB optimizer loads it."""
+    script = (
+        "import sys, torch, largebatch_trainer.loop\n"
+        "from largebatch.api import OptimizerSpec\n"
+        "from largebatch_trainer import optim\n"
+        "early = sorted(m for m in ('pytorch_optimizer', 'transformers') if m in sys.modules)\n"
+        "optim.build(OptimizerSpec(name='adamw', lr=0.1), torch.nn.Linear(2, 2))\n"
+        "after_adamw = 'pytorch_optimizer' in sys.modules\n"
+        "optim.build(OptimizerSpec(name='lamb', lr=0.1), torch.nn.Linear(2, 2))\n"
+        "print(early, after_adamw, 'pytorch_optimizer' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
+    assert out.split("\n")[-2] == "[] False True", out

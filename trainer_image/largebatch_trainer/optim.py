@@ -40,7 +40,6 @@ import math
 
 import torch
 from mup.optim import MuAdam, MuSGD
-from pytorch_optimizer import LARS, Lamb
 
 from largebatch.api import OptimizerSpec
 
@@ -71,9 +70,14 @@ def build(spec: OptimizerSpec, model: torch.nn.Module, fused: bool = False) -> t
     elif spec.name == "adamw":
         optimizer = torch.optim.AdamW(_plain(groups), lr=spec.lr, betas=betas, eps=spec.eps, **kernels)
     elif spec.name == "lamb":
+        # Imported only here: pytorch-optimizer imports transformers, a second of CPU at every agent's start.
+        from pytorch_optimizer import Lamb
+
         # weight_decouple=False puts λw inside r (the paper); adam_debias=True leaves the step size alone.
         optimizer = Lamb(groups, lr=spec.lr, betas=betas, eps=spec.eps, weight_decouple=False, adam_debias=True)
     else:  # lars: the library itself skips 1-D parameters for decay and trust ratio
+        from pytorch_optimizer import LARS  # only here, as Lamb
+
         optimizer = LARS(_plain(groups), lr=spec.lr, momentum=spec.momentum, trust_coefficient=spec.trust_coefficient)
     for group in optimizer.param_groups:
         group["base_weight_decay"], group["base_eps"] = group["weight_decay"], group.get("eps")
@@ -119,11 +123,11 @@ def set_lr(
         right1, right2 = _advance_moments(optimizer, group, betas)
         if eps is not None:
             group["base_eps"] = eps
-        if isinstance(optimizer, Lamb):
-            applied1 = applied2 = 1.0  # the library corrects neither moment
-        else:  # torch's AdamW corrects by 1 - beta**t, right only while the betas have not changed
+        if isinstance(optimizer, torch.optim.AdamW):  # corrects by 1 - beta**t, right while the betas hold
             t, (beta1, beta2) = group["moment_steps"], group["betas"]
             applied1, applied2 = 1 - beta1**t, 1 - beta2**t
+        else:  # pytorch-optimizer's Lamb, the other optimizer with moments, corrects neither
+            applied1 = applied2 = 1.0
         # The step torch takes, lr m/applied1 / (sqrt(v/applied2) + eps), becomes the one the moments call
         # for, lr m/right1 / (sqrt(v/right2) + eps), with lr x s and eps x sqrt(right2/applied2); weight
         # decay over s keeps lr x weight decay (AdamW's decay) or weight decay/s (LAMB's, inside r).
