@@ -5,6 +5,8 @@ SIGTERM (then SIGKILL after the pod's grace period) when the pod is deleted.
 
 How a pod becomes a process (see README.md):
 - `python` is this interpreter; the container's image is ignored (the packages come from this checkout).
+  A torchrun agent or a rendezvous store is forked from a zygote that imported torch once
+  (tests/cluster/zygote.py); test_real_node starts its pods from their images.
 - Volumes: a ConfigMap is written out to a folder; a PersistentVolumeClaim is one folder per claim
   shared by every pod that mounts it; an emptyDir is a folder of the pod. Every mount path in the
   command and the environment is replaced by its folder.
@@ -51,13 +53,14 @@ from kubernetes import client
 
 from largebatch.kube.manifests import JOB_LABEL
 from largebatch.local.nodes import descendants, kill_tree
+from tests.cluster import zygote
 from tests.helpers import free_port
 
 
 @dataclass
 class Running:
     uid: str
-    process: subprocess.Popen
+    process: subprocess.Popen | zygote.Forked
     ports: dict[int, int]  # container port -> local port
     labels: dict[str, str]
     grace: float
@@ -86,6 +89,8 @@ class PodRunner:
         self.unavailable: list[str] = []  # what the API server's absence raised (a control-plane fault's tests)
 
     def __enter__(self) -> PodRunner:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._zygote = zygote.Zygote(self.directory / "zygote.log")
         self._thread.start()
         return self
 
@@ -97,6 +102,7 @@ class PodRunner:
         for run in self._frozen:
             kill_tree(run.process.pid)
             run.process.wait()
+        self._zygote.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -183,11 +189,14 @@ class PodRunner:
         """SIGTERM, SIGKILL after the pod's grace period; the pod counts as running until its process ended."""
         run = self.running[name]
         if run.process.poll() is None:
-            os.killpg(run.process.pid, signal.SIGTERM)
+            # A child of the zygote may have ended and been reaped before the zygote's word of it arrived.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.process.pid, signal.SIGTERM)
             try:
                 run.process.wait(timeout=run.grace)
             except subprocess.TimeoutExpired:
-                os.killpg(run.process.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.process.pid, signal.SIGKILL)
                 run.process.wait()
         del self.running[name]
 
@@ -229,9 +238,12 @@ class PodRunner:
         env |= {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH") if k in os.environ}
         (home / "tmp").mkdir(exist_ok=True)
         env["TMPDIR"] = str(home / "tmp")
-        log = open(home / "log", "ab")
-        process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        if command[:2] == [sys.executable, "-m"] and command[2] in zygote.MODULES:
+            process = self._zygote.start(command[2], command[3:], env, home, home / "log")
+        else:
+            with open(home / "log", "ab") as log:
+                process = subprocess.Popen(command, env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
         self.running[name] = Running(
             pod["metadata"]["uid"], process, ports, pod["metadata"].get("labels", {}), grace,

@@ -100,6 +100,8 @@ def test_suspend_resume_and_delete(crd, namespace, operator, tmp_path):
                         "the workers gone", **explain)  # fmt: skip
         # KWOK removes a deleted pod at once; a kubelet would keep it until its process ended. Wait for that.
         wait_for(lambda: not [n for n in pods.running if "worker" in n], what="the workers' processes to end")
+        suspended = pods.log("pause-worker-0")  # a stop, not a crash: no traceback of the agent's
+        assert "torchrun agent stopped by SIGTERM" in suspended and "Traceback" not in suspended, suspended
         stopped = status_of(crd, namespace, "pause")["progress"]["samples"]
         assert 0 < stopped < TOTAL
         assert checkpoint.newest_intact(tmp_path / "pods" / "pvc-checkpoints")[1]["progress"]["samples"] == stopped

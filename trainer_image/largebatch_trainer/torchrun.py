@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import traceback
 
 from torch.distributed import run
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import registry
 from torch.distributed.launcher import api as launcher
 
@@ -68,7 +70,14 @@ def main() -> None:
     # the local run could end: leave at once, with what the interpreter would have printed.
     try:
         run.main()
-    except Exception:  # failed workers, or a signal that stopped the agent (SystemExit: argparse's own)
+    except SignalException as exc:
+        # A stop, not a failure: the pod deleted (a suspended, preempted or finished job: the operator
+        # removes a finished job's pods as soon as rank 0 reports the end, which can find its agent still
+        # in the exit barrier) or the local run stopped. Its workers have been stopped; a traceback would
+        # read as a crash in the log of a job that succeeded.
+        print(f"torchrun agent stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr, flush=True)
+        exit_process(1)
+    except Exception:  # failed workers (SystemExit: argparse's own)
         traceback.print_exc()
         exit_process(1)
     exit_process(0)
