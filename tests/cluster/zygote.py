@@ -2,7 +2,7 @@
 
 Every python pod of an e2e job is a torchrun agent (torch, torch._dynamo and the trainer's modules:
 about 5 CPU s of imports) or a rendezvous store (torch: about 2.5). Started as fresh interpreters, the
-imports of the pods one run starts were about a sixth of `make test`'s CPU on two cores. A node starts
+e2e pods of one `make test` spent an estimated 300 CPU s importing them (tests/README.md, stop 56). A node starts
 each pod from its image, and test_real_node does exactly that; here the pods of one PodRunner are forked
 from this zygote, which has the libraries imported, as largebatch_trainer.forked forks the trainers
 from their agent, and on the same grounds: the zygote runs no tensor operation and no thread.
