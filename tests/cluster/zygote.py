@@ -32,9 +32,10 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.helpers import ROOT
+
 MODULES = ("largebatch_trainer.torchrun", "largebatch_trainer.rendezvous")
 """The modules a pod may run forked; any other command is started as a process of its own."""
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Zygote:

@@ -238,7 +238,7 @@ def test_optimizers_without_fused_kernels_run_as_they_are(name):
 def test_the_agent_imports_pytorch_optimizer_only_for_a_job_that_asks_for_lamb_or_lars():
     """What a torchrun agent imports before it forks its trainers (largebatch_trainer.forked) leaves out
     pytorch-optimizer and the transformers it imports, a second of CPU in every agent of an SGD or AdamW
-    job (benchmarks/README.md, "Worker start"); building a LAMB optimizer loads it."""
+    job (tests/README.md, "Stop 56"); building a LAMB optimizer loads it."""
     script = (
         "import sys, torch, largebatch_trainer.loop\n"
         "from largebatch.api import OptimizerSpec\n"
