@@ -6,7 +6,7 @@ SIGTERM (then SIGKILL after the pod's grace period) when the pod is deleted.
 How a pod becomes a process (see README.md):
 - `python` is this interpreter; the container's image is ignored (the packages come from this checkout).
   A torchrun agent or a rendezvous store is forked from a zygote that imported torch once
-  (tests/cluster/zygote.py); test_real_node starts its pods from their images.
+  (tests/zygote.py); test_real_node starts its pods from their images.
 - Volumes: a ConfigMap is written out to a folder; a PersistentVolumeClaim is one folder per claim
   shared by every pod that mounts it; an emptyDir is a folder of the pod. Every mount path in the
   command and the environment is replaced by its folder.
@@ -53,7 +53,7 @@ from kubernetes import client
 
 from largebatch.kube.manifests import JOB_LABEL
 from largebatch.local.nodes import descendants, kill_tree
-from tests.cluster import zygote
+from tests import zygote
 from tests.helpers import free_port
 
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import urllib.request
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import zygote
 from tests.helpers import ROOT, free_port, wait_for
 from tests.integration.trainer_helpers import (
-    PYTHON,
     covered_samples,
     final_state,
     run_standalone,
@@ -51,9 +50,11 @@ def scrape(port: int) -> dict[str, float]:
 def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
     job = long_job(tmp_path, "interrupted")
     port, progress_file = free_port(), tmp_path / "progress.json"
-    command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job), "--metrics-port", str(port)]
-    command += ["--progress-file", str(progress_file), "--report-seconds", "0.2"]
-    process = subprocess.Popen(command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    args = ["--job", str(job), "--metrics-port", str(port)]
+    args += ["--progress-file", str(progress_file), "--report-seconds", "0.2"]
+    log_file = tmp_path / "interrupted.log"
+    # `python -m largebatch_trainer ARGS`, forked from the zygote (tests/zygote.py) as run_standalone's are.
+    process = zygote.shared().start("largebatch_trainer", args, trainer_env(), ROOT, log_file)
     try:
         metrics = wait_for(
             lambda: (m := scrape(port)).get("largebatch_optimizer_steps_total", 0) > 20 and m, what="steps"
@@ -85,7 +86,7 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
     assert 0 < stopped["progress"]["samples"] < TOTAL
     # What a person reading the log sees (`kubectl logs` of a worker): a progress line from the first step
     # on, and the step it stopped at.
-    log = process.stdout.read().decode()
+    log = log_file.read_text()
     first = rf"^step 1 samples 16/{TOTAL} batch 16 \(world 1 x accumulation 2\) lr \S+ loss \S+ \d+ samples/s$"
     assert re.search(first, log, re.M), log
     assert f"rank 0: stopped after step {stopped['progress']['step']}" in log, log

@@ -17,7 +17,6 @@ from largebatch_trainer import checkpoint
 from tests.helpers import divergences_raised, wait_for
 from tests.integration.trainer_helpers import (
     LBCTL,
-    PYTHON,
     descendants,
     final_state,
     kill_tree,
@@ -153,8 +152,7 @@ def test_a_checkpoint_of_the_standard_model_is_refused_by_its_mup_version(tmp_pa
 
     run_standalone(job("standard", 32), 0)
     written = checkpoint.all_checkpoints(tmp_path / "job-ckpt")
-    command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job("mup", 64))]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=trainer_env())
+    result = run_standalone(job("mup", 64), 0, check=False)
     assert result.returncode != 0
     message = " ".join(result.stderr.split())
     assert f"checkpoint {written[-1]} holds optimizer groups" in message

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -15,11 +16,10 @@ from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-exported for tests)
 from largebatch_trainer import checkpoint
 from largebatch_trainer.main import NAME_PREFIX
+from tests import zygote
 from tests.helpers import merge, spec_dict
 
 PYTHON = sys.executable
-# largebatch's torchrun, as the shells start it (its workers forked from the agent: largebatch_trainer.forked).
-TORCHRUN = [PYTHON, "-m", "largebatch_trainer.torchrun"]
 
 
 def write_job(directory: Path, name: str = "job", **overrides) -> Path:
@@ -49,19 +49,34 @@ def trainer_env() -> dict[str, str]:
 
 
 def run_standalone(
-    job: Path, nproc: int, *extra: str, timeout: float = 300, env: dict[str, str] | None = None
+    job: Path, nproc: int, *extra: str, timeout: float = 300, env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess:
-    """One torchrun agent with `nproc` gloo workers (or a plain process when nproc is 0)."""
+    """One torchrun agent with `nproc` gloo workers (or a plain trainer when nproc is 0), forked from this
+    process's zygote (tests/zygote.py): what these tests check is the training, not an interpreter's start.
+    With `check`, a run that fails fails the test."""
     if nproc == 0:
-        command = [PYTHON, "-m", "largebatch_trainer", "--job", str(job), *extra]
+        module, args = "largebatch_trainer", ["--job", str(job), *extra]
     else:
-        command = [
-            *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+        module, args = "largebatch_trainer.torchrun", [
+            "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
             f"--log-dir={job.with_name('torchelastic')}",
             "-m", "largebatch_trainer", "--job", str(job), *extra,
         ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=trainer_env() | (env or {}))
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    command = [PYTHON, "-m", module, *args]
+    handle, name = tempfile.mkstemp(dir=job.parent, prefix=f"{job.stem}-", suffix=".stdout")
+    os.close(handle)
+    stdout, stderr = Path(name), Path(name).with_suffix(".stderr")
+    child = zygote.shared().start(module, args, trainer_env() | (env or {}), Path.cwd(), stdout, stderr)
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise
+    result = subprocess.CompletedProcess(
+        command, child.returncode, stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
+    )
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
 
 

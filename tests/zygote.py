@@ -1,27 +1,32 @@
-"""The pod runner's python pods forked from one interpreter that imported torch once (issue 44).
+"""Python processes of the tests forked from one interpreter that imported torch once (issue 44).
 
-Every python pod of an e2e job is a torchrun agent (torch, torch._dynamo and the trainer's modules:
-about 5 CPU s of imports) or a rendezvous store (torch: about 2.5). Started as fresh interpreters, the
-e2e pods of one `make test` spent an estimated 300 CPU s importing them (tests/README.md, stop 56). A node starts
-each pod from its image, and test_real_node does exactly that; here the pods of one PodRunner are forked
-from this zygote, which has the libraries imported, as largebatch_trainer.forked forks the trainers
-from their agent, and on the same grounds: the zygote runs no tensor operation and no thread.
+The e2e pods that run python are torchrun agents (torch, torch._dynamo and the trainer's modules: about
+5 CPU s of imports) or rendezvous stores (torch: about 2.5), and the process tests start trainers and
+standalone torchrun agents by the dozen. Started as fresh interpreters, they spend more CPU importing
+than training (tests/README.md, stop 56). So the pod runner (one zygote per PodRunner) and
+tests.integration.trainer_helpers.run_standalone (one per pytest process) fork them from a zygote that
+has the libraries imported, as largebatch_trainer.forked forks the trainers from their agent, and on
+the same grounds: the zygote runs no tensor operation and no thread. test_real_node still starts its
+pods from their images, and every `lbctl run` its nodes as the product does.
 
 What a child gets that a fresh interpreter would have had:
-- the pod's environment, working folder, log (stdout and stderr) and a session of its own;
-- the module it runs, executed afresh as `__main__`: the zygote imports libraries only, never a pod's
-  module, so settings a module reads from the environment at import (largebatch_trainer.torchrun's
-  LARGEBATCH_EXIT_BARRIER_SECONDS) come from the pod's;
-- tempfile's folder looked up again (TMPDIR is the pod's; tempfile caches the first one it finds).
+- its environment, working folder, stdout and stderr (files) and a session of its own;
+- the module it runs, executed afresh as `__main__`: the zygote imports libraries only, never the
+  module a child runs, so settings a module reads from the environment at import (largebatch_trainer.torchrun's
+  LARGEBATCH_EXIT_BARRIER_SECONDS) come from the child's;
+- torch's intra-op threads set from its OMP_NUM_THREADS: OpenMP reads the variable once, when torch is
+  loaded, which was in the zygote, with the zygote's environment;
+- tempfile's folder looked up again (TMPDIR is the child's; tempfile caches the first one it finds).
 
-`python -m tests.cluster.zygote` speaks JSON lines: a request {"module", "args", "env", "cwd", "log"} on
-stdin is answered with {"pid"} at once, and {"exited": pid, "code"} (negative for a signal, as Popen's
+`python -m tests.zygote` speaks JSON lines: a request {"module", "args", "env", "cwd", "stdout", "stderr"}
+on stdin is answered with {"pid"} at once, and {"exited": pid, "code"} (negative for a signal, as Popen's
 returncode) follows when that child ends. The end of stdin (the runner ended, or died) kills every
 child's process group still running.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -29,13 +34,14 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 from tests.helpers import ROOT
 
-MODULES = ("largebatch_trainer.torchrun", "largebatch_trainer.rendezvous")
-"""The modules a pod may run forked; any other command is started as a process of its own."""
+MODULES = ("largebatch_trainer", "largebatch_trainer.torchrun", "largebatch_trainer.rendezvous")
+"""The modules whose libraries the zygote imported; the pod runner starts any other command as a process of its own."""
 
 
 class Zygote:
@@ -45,7 +51,7 @@ class Zygote:
         self.log = log
         self._stderr = open(log, "ab")
         # Started now, so that its imports overlap with the job's first reconcile; waited for at the first pod.
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.cluster.zygote"], cwd=ROOT,
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=ROOT,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)  # fmt: skip
         self._changed = threading.Condition()
         self._ready = False
@@ -73,10 +79,14 @@ class Zygote:
         with self._changed:
             return self._changed.wait_for(lambda: condition() or self.process.poll() is not None, timeout)
 
-    def start(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> Forked:
+    def start(
+        self, module: str, args: list[str], env: dict[str, str], cwd: Path, stdout: Path, stderr: Path | None = None
+    ) -> Forked:
+        """Run `python -m module args` forked; its stdout goes to `stdout`, its stderr there too unless given."""
         # A bound only against a zygote that hangs: its imports took 20 s on a loaded two-core machine.
         self._wait(lambda: self._ready, timeout=300)
-        request = {"module": module, "args": args, "env": env, "cwd": str(cwd), "log": str(log)}
+        streams = {"stdout": str(stdout), "stderr": str(stderr or stdout)}
+        request = {"module": module, "args": args, "env": env, "cwd": str(cwd), **streams}
         with self._send:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
@@ -93,6 +103,18 @@ class Zygote:
         self.process.wait()
         self._reader.join(timeout=30)
         self._stderr.close()
+
+
+_shared: Zygote | None = None
+
+
+def shared() -> Zygote:
+    """This process's zygote, started at the first call and ended with the process."""
+    global _shared
+    if _shared is None:
+        _shared = Zygote(Path(tempfile.gettempdir()) / f"largebatch-zygote-{os.getpid()}.log")
+        atexit.register(_shared.close)
+    return _shared
 
 
 class Forked:
@@ -112,8 +134,18 @@ class Forked:
             raise subprocess.TimeoutExpired(self.args, timeout)
         if self.poll() is None:  # the zygote ended before it saw this child end
             tail = self._zygote.log.read_text()[-3000:]
-            raise RuntimeError(f"the zygote ended before pod process {self.pid}: {tail}")
+            raise RuntimeError(f"the zygote ended before its child {self.pid}: {tail}")
         return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # ended by itself meanwhile, as Popen's does
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the child's session (it and what it started), and wait for it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.wait()
 
 
 def main() -> None:
@@ -181,15 +213,19 @@ def _fork(request: dict, protocol: tuple[int, int]) -> int:
         for fd in protocol:
             os.close(fd)
         os.setsid()  # what start_new_session gives: the runner's killpg reaches the pod and its trainers
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            stream = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(stream, fd)
+            os.close(stream)
         for stream in (sys.stdout, sys.stderr):  # PYTHONUNBUFFERED, as the pods' environment asks
             stream.reconfigure(line_buffering=True, write_through=True)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if "OMP_NUM_THREADS" in os.environ:  # read by OpenMP when torch was loaded here, from our environment
+            import torch
+
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         import tempfile
 
         tempfile.tempdir = None
