@@ -5,7 +5,8 @@
 its node id, wall seconds, and CPU seconds split into the pytest process itself, the child processes
 that ended during the test (RUSAGE_CHILDREN, which counts a whole tree whose parents wait for their
 children: lbctl and its torchrun agents and trainers) and what live descendants (a session's control
-plane, an operator kept for a module) spent while the test ran. Processes that left the tree (daemons
+plane, an operator kept for a module, a zygote: tests/zygote.py) and the children they waited for spent
+while the test ran. Processes that left the tree (daemons
 such as dockerd, double-forked) are not counted. `python -m tests.test_times` turns the files and
 pytest's junit XML into the per-module table in tests/README.md.
 """
@@ -30,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _descendant_cpu() -> dict[int, float]:
-    """CPU seconds so far of every live descendant of this process, by pid."""
+    """CPU seconds so far of every live descendant of this process and of the children it reaped, by pid."""
     parent_of: dict[int, int] = {}
     cpu: dict[int, float] = {}
     for entry in os.scandir("/proc"):
@@ -44,7 +45,9 @@ def _descendant_cpu() -> dict[int, float]:
         fields = stat[stat.rindex(")") + 2 :].split()
         pid = int(entry.name)
         parent_of[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+        # Its own time and its ended children's that it waited for: a zygote's children (tests/zygote.py)
+        # are waited for by the zygote, which lives on, so they never reach our RUSAGE_CHILDREN.
+        cpu[pid] = sum(int(f) for f in fields[11:15]) / _TICK
     me = os.getpid()
     found: dict[int, float] = {}
     for pid in cpu:
