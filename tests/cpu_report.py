@@ -6,8 +6,8 @@ its node id, wall seconds, and CPU seconds split into the pytest process itself,
 that ended during the test (RUSAGE_CHILDREN, which counts a whole tree whose parents wait for their
 children: lbctl and its torchrun agents and trainers) and what live descendants (a session's control
 plane, an operator kept for a module, a zygote: tests/zygote.py) and the children they waited for spent
-while the test ran. Processes that left the tree (daemons
-such as dockerd, double-forked) are not counted. `python -m tests.test_times` turns the files and
+while the test ran. Processes that left the tree (daemons such as dockerd, double-forked) are not
+counted. `python -m tests.test_times` turns the files and
 pytest's junit XML into the per-module table in tests/README.md.
 """
 
