@@ -12,8 +12,8 @@ pods from their images, and every `lbctl run` its nodes as the product does.
 What a child gets that a fresh interpreter would have had:
 - its environment, working folder, stdout and stderr (files) and a session of its own;
 - the module it runs, executed afresh as `__main__`: the zygote imports libraries only, never the
-  module a child runs, so settings a module reads from the environment at import (largebatch_trainer.torchrun's
-  LARGEBATCH_EXIT_BARRIER_SECONDS) come from the child's;
+  module a child runs, so settings a module reads from the environment at import
+  (largebatch_trainer.torchrun's LARGEBATCH_EXIT_BARRIER_SECONDS) come from the child's;
 - torch's intra-op threads set from its OMP_NUM_THREADS: OpenMP reads the variable once, when torch is
   loaded, which was in the zygote, with the zygote's environment;
 - tempfile's folder looked up again (TMPDIR is the child's; tempfile caches the first one it finds).
@@ -41,7 +41,8 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 MODULES = ("largebatch_trainer", "largebatch_trainer.torchrun", "largebatch_trainer.rendezvous")
-"""The modules whose libraries the zygote imported; the pod runner starts any other command as a process of its own."""
+"""The modules whose libraries the zygote imported; the pod runner starts any other command as a process
+of its own."""
 
 
 class Zygote:
@@ -118,7 +119,7 @@ def shared() -> Zygote:
 
 
 class Forked:
-    """The part of `subprocess.Popen` the pod runner uses, for a child of the zygote."""
+    """The part of `subprocess.Popen` the pod runner and the process tests use, for a child of the zygote."""
 
     def __init__(self, zygote: Zygote, pid: int, args: list[str]):
         self._zygote, self.pid, self.args = zygote, pid, args
@@ -226,8 +227,6 @@ def _fork(request: dict, protocol: tuple[int, int]) -> int:
             import torch
 
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        import tempfile
-
         tempfile.tempdir = None
         import runpy
 
