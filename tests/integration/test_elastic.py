@@ -1,19 +1,25 @@
 """Elastic training with real torchrun agents and a rendezvous store that no worker hosts: two nodes
 train, one node fails for good (its worker killed, its agent out of restarts), the survivor restarts at
 world size 1 from the newest checkpoint and finishes. No sample is skipped or repeated, and the result
-matches an uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it."""
+matches an uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it.
+A node that waits for the next round is in it, however late it polls for it."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import torch
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from largebatch import launch
+from largebatch.local.nodes import descendants
 from tests.helpers import contiguous, free_port, newest_history, resumed_where_stopped, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
@@ -43,16 +49,24 @@ def job(tmp_path, name):
     )
 
 
-def agent(job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS) -> subprocess.Popen:
-    """One worker node, launched as the shells launch it."""
+RUN_ID = "elastic-test"
+
+
+def agent(
+    job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS, rdzv_conf: str = ""
+) -> subprocess.Popen:
+    """One worker node, launched as the shells launch it (with `rdzv_conf` added to its --rdzv-conf)."""
     command = launch.torchrun_args(
         spec_of(job_path),
         str(job_path),
-        launch.Rendezvous(f"127.0.0.1:{port}", "elastic-test"),
+        launch.Rendezvous(f"127.0.0.1:{port}", RUN_ID),
         python=PYTHON,
         log_dir=str(job_path.with_name("torchelastic")),
     )
     command[command.index(f"--max-restarts={launch.MAX_RESTARTS}")] = f"--max-restarts={max_restarts}"
+    if rdzv_conf:
+        (index,) = [i for i, word in enumerate(command) if word.startswith("--rdzv-conf=")]
+        command[index] += f",{rdzv_conf}"
     env = trainer_env() | launch.trainer_env(
         checkpoint_dir=str(job_path.with_name("elastic-ckpt")),
         metrics_port=0,
@@ -64,11 +78,13 @@ def agent(job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def two_nodes_training(progress, past_step: int = 150) -> None:
+def training_at(progress, world: int, past_step: int) -> None:
     wait_for(
-        lambda: (r := json.loads(progress.read_text()))["plan"]["worldSize"] == 2 and r["progress"]["step"] > past_step,
+        lambda: (
+            (r := json.loads(progress.read_text()))["plan"]["worldSize"] == world and r["progress"]["step"] > past_step
+        ),
         timeout=120,
-        what="two nodes training",
+        what=f"world size {world} training past step {past_step}",
     )
 
 
@@ -114,7 +130,7 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     failing.write_text(job_path.read_text())
     first, second = agent(job_path, port, progress), agent(failing, port, progress, max_restarts=0)
     try:
-        two_nodes_training(progress)
+        training_at(progress, 2, past_step=150)
         # The survivor resumes from the newest checkpoint, so wait for one the two nodes wrote: a node lost
         # before that (the second can join late when steps are fast) leaves nothing of world size 2 to see.
         wait_for(lambda: 2 in [run[3] for run in newest_history(job_path.with_name("elastic-ckpt"))], timeout=120,
@@ -156,13 +172,13 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
     logs = [tmp_path / "agent-0.log", tmp_path / "agent-1.log"]
     replacement = standby_store(port)
     try:
-        two_nodes_training(progress)
+        training_at(progress, 2, past_step=150)
         store.kill()
         store.wait()
         wait_for(lambda: all("rendezvous store at" in log.read_text() for log in logs),
                  what="both agents to notice the store gone")  # fmt: skip
         step = json.loads(progress.read_text())["progress"]["step"]
-        two_nodes_training(progress, past_step=step + 100)  # training needs no store
+        training_at(progress, 2, past_step=step + 100)  # training needs no store
         store = listen(replacement)
         back_at = json.loads(progress.read_text())["progress"]["step"]
         assert first.wait(timeout=240) == 0 and second.wait(timeout=60) == 0, [log.read_text()[-3000:] for log in logs]
@@ -178,3 +194,63 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
     assert state["progress"]["samples"] == TOTAL
     assert contiguous(covered_samples(state["history"]), TOTAL)
     resumed_where_stopped(text)  # the checkpoint on stop lost nothing
+
+
+def rendezvous_state(client: TCPStore):
+    """The round as torch's agents share it in the store (its _RendezvousState)."""
+    found = C10dRendezvousBackend(client, RUN_ID).get_state()
+    assert found is not None, "no rendezvous state in the store"
+    return pickle.loads(found[0])
+
+
+def test_a_node_waiting_for_a_round_is_in_it_however_late_it_polls(tmp_path):
+    """One node trains; a second arrives and waits on the list for the next round; the first restarts its
+    group for it, and the second polls late (frozen: what a loaded machine does to a process for
+    seconds). The round that opens waits for it and trains at world size 2 at once: torch's own would
+    close a second after the first node rejoined, with it alone, and restart again for the waiting node
+    (full_rounds; in CI, a job of four did so every 16 s for ten minutes). The agents' heartbeats may
+    lapse for 60 s here, so that the frozen node is not counted dead meanwhile on a loaded machine."""
+    port = free_port()
+    store = rendezvous_store(port)
+    client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    job_path, progress = job(tmp_path, "late"), tmp_path / "progress.json"
+    patient = "keep_alive_interval=5,keep_alive_max_attempt=12"
+    first = agent(job_path, port, progress, rdzv_conf=patient)
+    second = None
+    try:
+        training_at(progress, 1, past_step=0)
+        trainers = descendants(first.pid)  # its group cannot stop, so the round cannot open, until let go
+        for process in trainers:
+            os.kill(process, signal.SIGSTOP)
+        second = agent(job_path, port, progress, rdzv_conf=patient)
+
+        def second_waiting():
+            state = rendezvous_state(client)
+            return state if second.pid in {node.pid for node in state.wait_list} else None
+
+        waiting = wait_for(second_waiting, timeout=120, what="the second node on the wait list")
+        os.kill(second.pid, signal.SIGSTOP)
+        for process in trainers:
+            os.kill(process, signal.SIGCONT)
+
+        def next_round_closed_or_long_past_its_last_call():
+            state = rendezvous_state(client)
+            past = state.deadline is not None and state.deadline < datetime.now(timezone.utc) - timedelta(seconds=3)
+            return state if state.round > waiting.round and (state.complete or past) else None
+
+        # The first node rejoined the round it opened, its last call is over, and it has polled since (once a
+        # second): torch's would have closed the round by now.
+        state = wait_for(next_round_closed_or_long_past_its_last_call, timeout=120,
+                         what="the next round to open and its last call to pass")  # fmt: skip
+        os.kill(second.pid, signal.SIGCONT)
+        assert not state.complete, f"round {state.round} closed without the waiting node: {state.participants}"
+        assert first.pid in {node.pid for node in state.participants}, state.participants
+        training_at(progress, 2, past_step=json.loads(progress.read_text())["progress"]["step"])
+    finally:
+        for process in (first, second):
+            if process is not None:
+                kill_tree(process.pid)
+        store.terminate()
+        store.wait(timeout=30)
+    resumed = [line for line in (tmp_path / "agent-0.log").read_text().splitlines() if "resumed from" in line]
+    assert resumed and all(line.endswith("with world size 2") for line in resumed), resumed

@@ -1,8 +1,9 @@
 """`python -m largebatch_trainer.torchrun ARGS`: torchrun, with what its command line cannot say: a
 shorter exit barrier, no restart of a worker group that diverged, trainer processes forked from the
 agent instead of started as new interpreters (largebatch_trainer.forked), an agent that leaves at
-once when it has succeeded, and a rendezvous handler that rejoins a store that was lost and came back
-(largebatch_trainer.rejoin).
+once when it has succeeded, a rendezvous handler that rejoins a store that was lost and came back
+(largebatch_trainer.rejoin), and rounds that wait for the nodes already waiting for them
+(largebatch_trainer.full_rounds).
 
 When an agent's workers have finished, torchelastic holds the agent in an "exit barrier" until every
 other agent of the rendezvous round has finished too, for up to `exit_barrier_timeout` seconds (300 by
@@ -31,7 +32,7 @@ from torch.distributed.elastic.rendezvous import registry
 from torch.distributed.launcher import api as launcher
 
 from largebatch import launch
-from largebatch_trainer import forked, rejoin
+from largebatch_trainer import forked, full_rounds, rejoin
 from largebatch_trainer.lifeline import AGENT_PID, die_with_parent, parent_from
 from largebatch_trainer.main import exit_process
 
@@ -64,6 +65,7 @@ def main() -> None:
     launcher.LocalElasticAgent = Agent
     build = registry.get_rendezvous_handler
     registry.get_rendezvous_handler = lambda params: rejoin.Rejoining(params, build)
+    full_rounds.install()
     forked.install()
     # Once torchrun returns or raises, its workers are reaped and its rendezvous closed. A normal exit
     # would then spend over a second of CPU finalising torch's modules and libraries before the pod or
