@@ -3,11 +3,12 @@
 The e2e pods that run python are torchrun agents (torch, torch._dynamo and the trainer's modules: about
 5 CPU s of imports) or rendezvous stores (torch: about 2.5), and the process tests start trainers and
 standalone torchrun agents by the dozen. Started as fresh interpreters, they spend more CPU importing
-than training (tests/README.md, stop 56). So the pod runner (one zygote per PodRunner) and
-tests.integration.trainer_helpers.run_standalone (one per pytest process) fork them from a zygote that
-has the libraries imported, as largebatch_trainer.forked forks the trainers from their agent, and on
-the same grounds: the zygote runs no tensor operation and no thread. test_real_node still starts its
-pods from their images, and every `lbctl run` its nodes as the product does.
+than training (tests/README.md, stop 56). So the pod runner (one zygote per PodRunner),
+tests.integration.trainer_helpers.run_standalone and test_elastic's nodes and stores (one zygote per
+pytest process) fork them from a zygote that has the libraries imported, as largebatch_trainer.forked
+forks the trainers from their agent, and on the same grounds: the zygote runs no tensor operation and
+no thread. test_real_node still starts its pods from their images, and every `lbctl run` its nodes as
+the product does.
 
 What a child gets that a fresh interpreter would have had:
 - its environment, working folder, stdout and stderr (files) and a session of its own;
@@ -137,6 +138,9 @@ class Forked:
             tail = self._zygote.log.read_text()[-3000:]
             raise RuntimeError(f"the zygote ended before its child {self.pid}: {tail}")
         return self.returncode
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
     def send_signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):  # ended by itself meanwhile, as Popen's does

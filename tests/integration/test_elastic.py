@@ -2,7 +2,10 @@
 train, one node fails for good (its worker killed, its agent out of restarts), the survivor restarts at
 world size 1 from the newest checkpoint and finishes. No sample is skipped or repeated, and the result
 matches an uninterrupted run. The store itself lost and started again: the nodes train on and rejoin it.
-A node that waits for the next round is in it, however late it polls for it."""
+A node that waits for the next round is in it, however late it polls for it.
+
+The agents and the stores are forked from the tests' zygote (tests/zygote.py): what these tests check is
+the rendezvous and the training, not an interpreter's start."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import pickle
 import signal
 import subprocess
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 
 from largebatch import launch
 from largebatch.local.nodes import descendants
+from largebatch_trainer.main import NAME_PREFIX
+from tests import zygote
 from tests.helpers import contiguous, free_port, newest_history, resumed_where_stopped, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
@@ -29,7 +35,6 @@ from tests.integration.trainer_helpers import (
     run_standalone,
     spec_of,
     trainer_env,
-    trainer_workers,
     write_job,
 )
 
@@ -52,9 +57,7 @@ def job(tmp_path, name):
 RUN_ID = "elastic-test"
 
 
-def agent(
-    job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS, rdzv_conf: str = ""
-) -> subprocess.Popen:
+def agent(job_path, port: int, progress, max_restarts: int = launch.MAX_RESTARTS, rdzv_conf: str = "") -> zygote.Forked:
     """One worker node, launched as the shells launch it (with `rdzv_conf` added to its --rdzv-conf)."""
     command = launch.torchrun_args(
         spec_of(job_path),
@@ -74,8 +77,15 @@ def agent(
         report_seconds=0.1,
         device="cpu",
     )
-    log = open(progress.with_name(f"agent-{len(list(progress.parent.glob('agent-*')))}.log"), "w")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = progress.with_name(f"agent-{len(list(progress.parent.glob('agent-*')))}.log")
+    log.touch()  # the next node's log takes the next number
+    assert command[:2] == [PYTHON, "-m"], command
+    return zygote.shared().start(command[2], command[3:], env, Path.cwd(), log)
+
+
+def workers_of(node: zygote.Forked) -> list[int]:
+    """The trainer processes of a node's agent (the agent's other children, if any, are not trainers)."""
+    return [pid for pid in descendants(node.pid) if Path(f"/proc/{pid}/comm").read_text().startswith(NAME_PREFIX)]
 
 
 def training_at(progress, world: int, past_step: int) -> None:
@@ -88,10 +98,13 @@ def training_at(progress, world: int, past_step: int) -> None:
     )
 
 
-def rendezvous_store(port: int) -> subprocess.Popen:
+def rendezvous_store(port: int, log: Path) -> zygote.Forked:
     """The store as the job's rendezvous pod runs it, ready once it says where it listens."""
-    command = [PYTHON, "-m", "largebatch_trainer.rendezvous", "--host", "127.0.0.1", "--port", str(port)]
-    return listening(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=trainer_env()))
+    args = ["--host", "127.0.0.1", "--port", str(port)]
+    store = zygote.shared().start("largebatch_trainer.rendezvous", args, trainer_env(), Path.cwd(), log)
+    wait_for(lambda: "listening on" in log.read_text() or store.poll() is not None, what="the store to listen")
+    assert store.poll() is None, log.read_text()
+    return store
 
 
 def standby_store(port: int) -> subprocess.Popen:
@@ -123,12 +136,10 @@ def listening(store: subprocess.Popen) -> subprocess.Popen:
 
 def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
     port = free_port()
-    store = rendezvous_store(port)
+    store = rendezvous_store(port, tmp_path / "store.log")
     job_path, progress = job(tmp_path, "elastic"), tmp_path / "progress.json"
-    # The second node's own copy of the job, to find its worker by; no restarts, so its agent gives up.
-    failing = tmp_path / "elastic-failing.yaml"
-    failing.write_text(job_path.read_text())
-    first, second = agent(job_path, port, progress), agent(failing, port, progress, max_restarts=0)
+    # No restarts for the second node, so its agent gives up.
+    first, second = agent(job_path, port, progress), agent(job_path, port, progress, max_restarts=0)
     try:
         training_at(progress, 2, past_step=150)
         # The survivor resumes from the newest checkpoint, so wait for one the two nodes wrote: a node lost
@@ -138,7 +149,7 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
         # Its worker killed, the second agent leaves failed, not by a signal: torch's launcher then closes
         # the round's rendezvous, and the survivor, restarting into it, failed with RendezvousClosedError
         # (largebatch_trainer.rejoin keeps the round open).
-        (worker,) = trainer_workers(failing).values()
+        (worker,) = workers_of(second)
         os.kill(worker, signal.SIGKILL)
         assert second.wait(timeout=120) != 0
         assert first.wait(timeout=240) == 0, first.args
@@ -166,7 +177,7 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
     store listens at the same address again (the operator's new pod behind the Service), they stop
     after a checkpoint and rejoin it. Neither agent fails, and the run resumes at the step it stopped."""
     port = free_port()
-    store = rendezvous_store(port)
+    store = rendezvous_store(port, tmp_path / "store.log")
     job_path, progress = job(tmp_path, "rejoin"), tmp_path / "progress.json"
     first, second = agent(job_path, port, progress), agent(job_path, port, progress)
     logs = [tmp_path / "agent-0.log", tmp_path / "agent-1.log"]
@@ -211,7 +222,7 @@ def test_a_node_waiting_for_a_round_is_in_it_however_late_it_polls(tmp_path):
     (full_rounds; in CI, a job of four did so every 16 s for ten minutes). The agents' heartbeats may
     lapse for 60 s here, so that the frozen node is not counted dead meanwhile on a loaded machine."""
     port = free_port()
-    store = rendezvous_store(port)
+    store = rendezvous_store(port, tmp_path / "store.log")
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     job_path, progress = job(tmp_path, "late"), tmp_path / "progress.json"
     patient = "keep_alive_interval=5,keep_alive_max_attempt=12"
@@ -219,7 +230,7 @@ def test_a_node_waiting_for_a_round_is_in_it_however_late_it_polls(tmp_path):
     second = None
     try:
         training_at(progress, 1, past_step=0)
-        trainers = descendants(first.pid)  # its group cannot stop, so the round cannot open, until let go
+        trainers = workers_of(first)  # its group cannot stop, so the round cannot open, until let go
         for process in trainers:
             os.kill(process, signal.SIGSTOP)
         second = agent(job_path, port, progress, rdzv_conf=patient)
