@@ -90,7 +90,7 @@ class PodRunner:
 
     def __enter__(self) -> PodRunner:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._zygote = zygote.Zygote(self.directory / "zygote.log")
+        self._zygote = zygote.start(self.directory / "zygote.log")
         self._thread.start()
         return self
 

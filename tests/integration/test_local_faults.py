@@ -144,30 +144,43 @@ def test_every_rank_resumes_from_the_newest_intact_checkpoint(tmp_path):
     assert contiguous(spans, total)
 
 
+def both_training(job: Path, run_dir: Path, replacing: int | None = None) -> dict[int, int]:
+    """{rank: PID} of the two workers, once the group trains at world size 2 (without `replacing`)."""
+    return wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2 and len(w := trainer_workers(job)) == 2
+                    and replacing not in w.values() and w, timeout=180, what="two nodes training")  # fmt: skip
+
+
 def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path):
     job, run_dir = long_job(tmp_path, "orphan"), tmp_path / "run"
     runner = start_lbctl(job, run_dir)
     try:
-        wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2, timeout=180, what="two nodes training")
-        workers = wait_for(lambda: len(w := trainer_workers(job)) == 2 and w, what="both workers")
-        # Forked from their agents (largebatch_trainer.forked), not started as new interpreters.
-        assert all(cmdline(pid) == cmdline(parent_of(pid)) for pid in workers.values())
+        workers = both_training(job, run_dir)
+        # Forked from their agents (largebatch_trainer.forked), the agents from the run's zygote
+        # (largebatch.local.zygote), a child of lbctl: none started as a new interpreter.
+        zygotes = {parent_of(parent_of(pid)) for pid in workers.values()}
+        assert all(cmdline(pid) == cmdline(parent_of(pid)) == cmdline(runner.pid) for pid in workers.values())
+        assert len(zygotes) == 1 and parent_of(zygote := zygotes.pop()) == runner.pid
         ports = sorted(metrics_port_of(pid) for pid in workers.values())
         os.kill(parent_of(workers[1]), signal.SIGKILL)  # rank 1's torchrun agent
         # Its worker dies with it (no orphan holding rank 1), and the runner replaces the node.
         wait_for(lambda: not Path(f"/proc/{workers[1]}").exists(), what="the agent's worker to die")
-        wait_for(lambda: progress_of(run_dir)["plan"]["worldSize"] == 2 and len(trainer_workers(job)) == 2
-                 and workers[1] not in trainer_workers(job).values(), timeout=180,
-                 what="a new node in the group")  # fmt: skip
+        workers = both_training(job, run_dir, replacing=workers[1])
         step = stepping(run_dir)
         stepping(run_dir, step + 20)  # and the group trains again
         # The new node serves metrics where the lost one did (a scrape config keeps finding it).
-        assert sorted(metrics_port_of(pid) for pid in trainer_workers(job).values()) == ports
+        assert sorted(metrics_port_of(pid) for pid in workers.values()) == ports
+        # The zygote lost: both agents die with it (SIGTERM: their workers checkpoint), and the runner
+        # starts both nodes again as new interpreters of its own.
+        os.kill(zygote, signal.SIGKILL)
+        wait_for(lambda: not any(running(pid) for pid in workers.values()), what="the zygote's agents to stop")
+        workers = both_training(job, run_dir)
+        assert {parent_of(parent_of(pid)) for pid in workers.values()} == {runner.pid}
+        stepping(run_dir, stepping(run_dir) + 20)
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=120) == 130
     finally:
         kill_tree(runner.pid)
-    assert record_of(run_dir)["restarts"] >= 1
+    assert record_of(run_dir)["restarts"] >= 3
     assert trainer_workers(job) == {}
 
 

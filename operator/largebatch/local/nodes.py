@@ -1,5 +1,6 @@
 """Worker "nodes" on this machine: one torchrun agent each, joined through a rendezvous store that the
-runner hosts, so that any node can come and go."""
+runner hosts, so that any node can come and go. An agent is forked from the run's zygote
+(largebatch.local.zygote), or started as a fresh interpreter where there is none."""
 
 from __future__ import annotations
 
@@ -14,6 +15,20 @@ from pathlib import Path
 
 from largebatch import launch
 from largebatch.api import LargeBatchJobSpec
+from largebatch.local.zygote import Forked, Zygote, ZygoteGone
+
+# largebatch_trainer.torchrun's: the pid of the parent an agent dies with (PR_SET_PDEATHSIG).
+DIES_WITH_PARENT = "LARGEBATCH_AGENT_DIES_WITH_PARENT"
+# What a node's agent (largebatch_trainer.torchrun) imports, imported once by the zygote it is forked
+# from: its libraries, never the module itself (largebatch.local.zygote).
+AGENT_MODULES = (
+    "torch._dynamo",
+    "torch.distributed.run",
+    "largebatch_trainer.forked",
+    "largebatch_trainer.full_rounds",
+    "largebatch_trainer.loop",
+    "largebatch_trainer.rejoin",
+)
 
 
 @dataclass
@@ -27,13 +42,14 @@ class NodeSettings:
     threads: int
     metrics_port: int  # of node 0's local rank 0; 0 disables
     lock_fd: int  # the run directory's lock (local.rundir), shared with every agent
+    zygote: Zygote | None = None  # where agents are forked from; None: each is a fresh interpreter
 
 
 @dataclass
 class Node:
     index: int
     slot: int  # the lowest not taken by a live node: its metrics ports (a replacement node reuses them)
-    process: subprocess.Popen
+    process: subprocess.Popen | Forked
     log: Path
     started: float = field(default_factory=time.monotonic)
 
@@ -60,11 +76,20 @@ def start_node(settings: NodeSettings, index: int, slot: int) -> Node:
         device=settings.device,
     )
     env["OMP_NUM_THREADS"] = str(settings.threads)
-    env["LARGEBATCH_AGENT_DIES_WITH_PARENT"] = str(os.getpid())  # nothing trains on once the runner is gone
+    # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
+    # The agent holds the run directory's lock with us: if we are killed, the folder stays taken until
+    # the agent has stopped its workers (they checkpoint as they stop). It dies with its parent, the
+    # zygote or us: nothing trains on once the runner is gone (the zygote ends with the runner).
+    zygote = settings.zygote
+    if zygote is not None and zygote.alive:
+        env[DIES_WITH_PARENT] = str(zygote.pid)
+        try:
+            process = zygote.start(command[2], command[3:], env, Path.cwd(), log, pass_fds=(settings.lock_fd,))
+            return Node(index, slot, process, log)
+        except ZygoteGone:  # killed, say: the node starts as it would without one
+            pass
+    env[DIES_WITH_PARENT] = str(os.getpid())
     with open(log, "ab") as handle:
-        # A session of its own: Ctrl-C in the terminal reaches the runner only, which stops nodes in order.
-        # The agent holds the run directory's lock with us: if we are killed, the folder stays taken until
-        # the agent has stopped its workers (they checkpoint as they stop).
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                    pass_fds=(settings.lock_fd,))  # fmt: skip
     return Node(index, slot, process, log)

@@ -21,6 +21,7 @@ from largebatch import controller, launch, report, schedule
 from largebatch.api import LargeBatchJob
 from largebatch.local.nodes import Node, NodeSettings, last_error, start_node, stop_node, stop_nodes
 from largebatch.local.rundir import claim
+from largebatch.local.zygote import Zygote
 
 TICK_SECONDS = 0.5
 DEFAULT_RESTART_SECONDS = 10.0
@@ -44,6 +45,8 @@ class RunOptions:
     metrics_port: int = 0
     restart_seconds: float | None = None
     """Assumed cost of a rescale; None: DEFAULT_RESTART_SECONDS until the first rescale is measured."""
+    zygote: Zygote | None = None
+    """Where nodes' agents are forked from (largebatch.local.zygote); None: each starts as a new interpreter."""
 
 
 @dataclass
@@ -86,6 +89,7 @@ class LocalRun:
         self.stopped_by = signal.SIGINT
         self.generation = 0
         self.step_at_failure: int | None = None
+        self.failed_at: float | None = None  # time.monotonic() of the last failure
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -103,6 +107,7 @@ class LocalRun:
             threads=max(1, (os.cpu_count() or 1) // max(1, self.options.slots * self.spec.workers.devices_per_worker)),
             metrics_port=self.options.metrics_port,
             lock_fd=self.lock,
+            zygote=self.options.zygote,
         )
         started = self.started = time.monotonic()
         try:
@@ -179,25 +184,32 @@ class LocalRun:
         return slots
 
     def _reap(self, done: bool) -> None:
-        for node in [n for n in self.nodes if not n.alive]:
+        dead = [node for node in self.nodes if not node.alive]
+        for node in dead:
             self.nodes.remove(node)
-            if done:
-                continue
+        if done or not dead:
+            return
+        for node in dead:
             self.state.restarts += 1
             said = last_error(node)
             self.display.event(f"node {node.index} exited with {node.process.returncode}; see {node.log}"
                                + (f"\n{said}" if said else ""))  # fmt: skip
             if launch.DIVERGED in said:
                 raise RunFailed(f"{said}\nfull log: {node.log}")
-            step = self.status.step or 0
-            self.failures = self.failures + 1 if step == self.step_at_failure else 1
-            self.step_at_failure = step
-            if self.failures >= MAX_FAILURES_WITHOUT_PROGRESS:
-                raise RunFailed(
-                    f"nodes keep failing at step {step} without progress; the workers' last error:\n"
-                    f"{last_error(node) or '(nothing logged: was the log writable? a full disk does this)'}\n"
-                    f"full log: {node.log}"
-                )
+        # A node started before the last failure fell with it, whenever its end is seen (nodes lost
+        # together: the zygote they were forked from, a machine's worth): one failure, not one each.
+        if all(self.failed_at is not None and node.started <= self.failed_at for node in dead):
+            return
+        self.failed_at = time.monotonic()
+        step = self.status.step or 0
+        self.failures = self.failures + 1 if step == self.step_at_failure else 1
+        self.step_at_failure = step
+        if self.failures >= MAX_FAILURES_WITHOUT_PROGRESS:
+            raise RunFailed(
+                f"nodes keep failing at step {step} without progress; the workers' last error:\n"
+                f"{last_error(dead[-1]) or '(nothing logged: was the log writable? a full disk does this)'}\n"
+                f"full log: {dead[-1].log}"
+            )
 
     def _act(self, progress: schedule.Progress, capacity: int) -> None:
         self._measure_restart(progress)

@@ -6,6 +6,7 @@ stopped by a signal)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,6 +18,8 @@ from largebatch.api import LargeBatchJob, LargeBatchJobSpec
 from largebatch.errors import JobError
 from largebatch.tables import summary_table
 from largebatch.terminal import console, fail, load_job, say_error
+
+WORKER_START = "LARGEBATCH_WORKER_START"  # largebatch_trainer.forked's: fork (the default) or exec
 
 
 def run_local(
@@ -35,22 +38,41 @@ def run_local(
     port = _metrics_port(spec, metrics_port)
     import torch
 
-    try:  # here, in seconds, rather than in a node's log after its launches fail
-        trainer_facade.preflight_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
-    except JobError as exc:
-        raise fail(exc) from None
+    zygote = _zygote()
+    try:
+        try:  # here, in seconds, rather than in a node's log after its launches fail
+            trainer_facade.preflight_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
+        except JobError as exc:
+            raise fail(exc) from None
 
-    from largebatch.local.runner import RunOptions
+        from largebatch.local.runner import RunOptions
 
-    options = RunOptions(
-        run_dir=run_dir or Path("runs") / manifest.metadata.name,
-        slots=slots,
-        capacity=steps,
-        device=_device(spec, torch.cuda.is_available()),
-        metrics_port=port,
-        restart_seconds=restart_cost,
-    )
-    _session(manifest, job, options)
+        options = RunOptions(
+            run_dir=run_dir or Path("runs") / manifest.metadata.name,
+            slots=slots,
+            capacity=steps,
+            device=_device(spec, torch.cuda.is_available()),
+            metrics_port=port,
+            restart_seconds=restart_cost,
+            zygote=zygote,
+        )
+        _session(manifest, job, options)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _zygote():
+    """The process the nodes' agents are forked from (largebatch.local.zygote), forked now: this process
+    has imported torch, and has started no thread and run no tensor operation yet (the task's preflight
+    and the display do both). None where agents start as new interpreters: off Linux, or where
+    LARGEBATCH_WORKER_START asks for exec (as it does of the trainers: largebatch_trainer.forked)."""
+    if not sys.platform.startswith("linux") or os.environ.get(WORKER_START, "fork") != "fork":
+        return None
+    from largebatch.local.nodes import AGENT_MODULES
+    from largebatch.local.zygote import Zygote
+
+    return Zygote.fork(AGENT_MODULES)
 
 
 def _capacity(capacity: str | None, slots: int, minimum: int) -> list | None:
