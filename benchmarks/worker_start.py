@@ -17,15 +17,13 @@ import argparse
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
-from load import cpu_hogs
+from load import cpu_hogs, side_by_side
 
 PYTHON = sys.executable
 MODES = ("exec", "fork")
@@ -83,17 +81,7 @@ def main() -> None:
     parser.add_argument("--hog", type=int, default=0)
     args = parser.parse_args()
     with cpu_hogs(args.hog):
-        print("| ranks | measure | exec | fork | fork / exec |\n|---|---|---|---|---|")
-        for ranks in args.ranks:
-            with tempfile.TemporaryDirectory() as tmp:
-                job = job_file(Path(tmp), ranks)
-                results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-                for _ in range(args.runs):
-                    for mode in MODES:
-                        results[mode].append(launch(job, ranks, mode))
-            for measure in results["exec"][0]:
-                exec_, fork = (statistics.median(r[measure] for r in results[mode]) for mode in MODES)
-                print(f"| {ranks} | {measure} | {exec_:.1f} | {fork:.1f} | {fork / exec_:.2f} |", flush=True)
+        side_by_side(MODES, args.ranks, "ranks", args.runs, job_file, lambda mode, job, ranks: launch(job, ranks, mode))
 
 
 if __name__ == "__main__":
