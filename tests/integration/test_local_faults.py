@@ -72,6 +72,10 @@ def cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
+def comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (an exited process its parent has not reaped yet holds nothing)."""
     try:
@@ -160,6 +164,7 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
         zygotes = {parent_of(parent_of(pid)) for pid in workers.values()}
         assert all(cmdline(pid) == cmdline(parent_of(pid)) == cmdline(runner.pid) for pid in workers.values())
         assert len(zygotes) == 1 and parent_of(zygote := zygotes.pop()) == runner.pid
+        assert comm(zygote) == "lbctl-zygote"  # how top and ps -o comm tell them from lbctl
         ports = sorted(metrics_port_of(pid) for pid in workers.values())
         os.kill(parent_of(workers[1]), signal.SIGKILL)  # rank 1's torchrun agent
         # Its worker dies with it (no orphan holding rank 1), and the runner replaces the node.

@@ -19,6 +19,9 @@ from largebatch.local.zygote import Forked, Zygote, ZygoteGone
 
 # largebatch_trainer.torchrun's: the pid of the parent an agent dies with (PR_SET_PDEATHSIG).
 DIES_WITH_PARENT = "LARGEBATCH_AGENT_DIES_WITH_PARENT"
+# The zygote's name in top and `ps -o comm` (it keeps lbctl's command line; an agent shows as torch names
+# it, pt_elastic).
+ZYGOTE_NAME = "lbctl-zygote"
 # What a node's agent (largebatch_trainer.torchrun) imports, imported once by the zygote it is forked
 # from: its libraries, never the module itself (largebatch.local.zygote).
 AGENT_MODULES = (

@@ -69,10 +69,10 @@ def _zygote():
     LARGEBATCH_WORKER_START asks for exec (as it does of the trainers: largebatch_trainer.forked)."""
     if not sys.platform.startswith("linux") or os.environ.get(WORKER_START, "fork") != "fork":
         return None
-    from largebatch.local.nodes import AGENT_MODULES
+    from largebatch.local.nodes import AGENT_MODULES, ZYGOTE_NAME
     from largebatch.local.zygote import Zygote
 
-    return Zygote.fork(AGENT_MODULES)
+    return Zygote.fork(AGENT_MODULES, ZYGOTE_NAME)
 
 
 def _capacity(capacity: str | None, slots: int, minimum: int) -> list | None:

@@ -74,10 +74,11 @@ class Zygote:
         self._reader.start()
 
     @classmethod
-    def fork(cls, preload: Sequence[str]) -> Zygote:
+    def fork(cls, preload: Sequence[str], name: str = "") -> Zygote:
         """Fork the zygote from this process, which must run no thread of its own and no tensor operation
         yet (the kernel copies only the calling thread; an OpenMP pool would not survive). It imports
-        `preload`; errors it meets go to the caller's first `start`."""
+        `preload`; errors it meets go to the caller's first `start`. `name`: the zygote's in top and ps
+        (it keeps our command line)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()  # or the zygote would write our buffered output a second time
         sys.stderr.flush()
@@ -87,6 +88,10 @@ class Zygote:
             try:
                 ours.close()
                 os.setsid()  # Ctrl-C in the terminal is the runner's to handle, not ours
+                if name:
+                    from largebatch_trainer.lifeline import name_process
+
+                    name_process(name)
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):  # the runner's output is a terminal or a pipe a caller reads to its end
                     os.dup2(null, fd)
@@ -162,10 +167,10 @@ class Zygote:
         given; it holds `pass_fds` as Popen's child would. ZygoteGone if the zygote has ended."""
         self._wait(lambda: self._ready, timeout=READY_SECONDS)
         streams = {"stdout": str(stdout), "stderr": str(stderr or stdout)}
-        request = json.dumps({"module": module, "args": args, "env": env, "cwd": str(cwd), **streams}).encode()
+        request = {"module": module, "args": args, "env": env, "cwd": str(cwd), **streams}
         with self._send:
             try:
-                socket.send_fds(self._channel, [request], list(pass_fds))
+                socket.send_fds(self._channel, [json.dumps(request).encode()], list(pass_fds))
             except OSError:
                 raise self._gone(f"starting {module}") from None
             self._wait(lambda: self._pids, timeout=READY_SECONDS)
