@@ -7,7 +7,8 @@ process, and one needs a function of it:
 - `lbctl coord-check` runs the model at each width to measure its layers' outputs;
 - `lbctl prepare-data` writes the token files the trainer reads, `lbctl export` the model of a checkpoint
   in the task's own format (`largebatch.model_data`);
-- a sweep's proxy runs die with the sweep, by the trainer's own lifeline.
+- a sweep's proxy runs die with the sweep, by the trainer's own lifeline;
+- lbctl's zygote names itself in top and ps as the trainer's processes name themselves.
 
 Every import of `largebatch_trainer` is inside a function, so that `lbctl --help` and the operator do
 not load torch. Keep it that way, and add nothing here that another module could do without the trainer.
@@ -76,3 +77,10 @@ def lifeline(signum: int, parent: int) -> Callable[[], None]:
     from largebatch_trainer.lifeline import die_with_parent
 
     return lambda: die_with_parent(signum, parent)
+
+
+def name_process(name: str) -> None:
+    """Name this process in top and `ps -o comm` (the trainer's lifeline sets the kernel's name)."""
+    from largebatch_trainer.lifeline import name_process
+
+    name_process(name)

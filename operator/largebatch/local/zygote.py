@@ -89,7 +89,7 @@ class Zygote:
                 ours.close()
                 os.setsid()  # Ctrl-C in the terminal is the runner's to handle, not ours
                 if name:
-                    from largebatch_trainer.lifeline import name_process
+                    from largebatch.trainer_facade import name_process
 
                     name_process(name)
                 null = os.open(os.devnull, os.O_RDWR)
