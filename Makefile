@@ -9,6 +9,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test venv crds dashboards images lint cluster-tools cluster-up cluster-down
 
+# Python writes .pyc files for what it imports into .venv (and the checkout's __pycache__, ignored by git,
+# Docker and the images' digest) even where the shell sets PYTHONDONTWRITEBYTECODE, as these machines do:
+# without them every interpreter of a test run, every lbctl, agent, operator and xdist worker, compiled
+# torch, kubernetes and hypothesis from source again (tests/README.md, stop 59).
+unexport PYTHONDONTWRITEBYTECODE
+
 # constraints.txt pins the torch that the tests run and the trainer image ships; dev/test-constraints.txt
 # the test tools. uv installs them: from its cache (~/.cache/uv) it links the files into a fresh clone's venv
 # in about 8 s where pip took about 100 s to unpack torch's 6 GB again, and a cold install downloads in
