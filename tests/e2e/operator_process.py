@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.operator_venv import clean_env, operator_python
 from tests.cluster.proxy import Proxy
-from tests.helpers import free_port
+from tests.helpers import bound, free_port
 
 FAST = {
     "LARGEBATCH_RECONCILE_SECONDS": "0.5",
@@ -46,11 +46,13 @@ class OperatorProcess:
         return cls(process, log, port)
 
     def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL), and wait for the exit: within the watchdog's CLOSE_SECONDS of its cleanup
+        even where kopf's own stop hangs."""
         if kill:
             self.process.kill()
         else:
             self.process.terminate()
-        self.process.wait(timeout=30)
+        self.process.wait(timeout=bound(30))
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """(sample name, sorted labels) → value, scraped from /metrics."""

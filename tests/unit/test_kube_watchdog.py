@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -73,9 +75,10 @@ def test_watchers_that_kopf_cancels_stop_nothing():
     assert not dog.stop.is_set() and dog.failure is None and dog.deadline is None
 
 
-async def _left_at_exit(close: bool) -> set[str]:
+async def _left_at_exit(close: bool) -> tuple[set[str], bool]:
     """kopf's own stop-flag checker stopped by SIGTERM, then the cleanup handler (or not): the tasks still
-    running, which kopf waits 5 s for at its exit before it cancels them."""
+    running, which kopf waits 5 s for at its exit before it cancels them, and whether the process's exit
+    deadline is armed (then cancelled: it would end this process)."""
     dog = watchdog.Watchdog()
     dog.start()
     signalled = asyncio.get_running_loop().create_future()
@@ -90,9 +93,31 @@ async def _left_at_exit(close: bool) -> set[str]:
     left = {task.get_name() for task in asyncio.all_tasks() if task is not asyncio.current_task()}
     for task in asyncio.all_tasks() - {asyncio.current_task()}:
         task.cancel()
-    return left
+    armed = dog.deadline is not None and dog.deadline.is_alive()
+    if dog.deadline is not None:
+        dog.deadline.cancel()
+    return left, armed
 
 
-def test_closed_at_exit_the_watchdog_leaves_kopf_no_task_to_wait_for():
-    assert asyncio.run(_left_at_exit(close=False))  # kopf's "stop-flag waiter" (kopf 1.45), and ours
-    assert asyncio.run(_left_at_exit(close=True)) == set()
+def test_closed_at_exit_the_watchdog_leaves_kopf_no_task_to_wait_for_and_a_deadline_for_its_stop():
+    left, armed = asyncio.run(_left_at_exit(close=False))
+    assert left and not armed  # kopf's "stop-flag waiter" (kopf 1.45), and ours
+    assert asyncio.run(_left_at_exit(close=True)) == (set(), True)
+    assert watchdog.CLOSE_SECONDS < 30  # a pod's default grace period: the log says why, not a SIGKILL
+
+
+def test_a_stop_kopf_does_not_finish_ends_the_process_with_the_status_of_its_cause():
+    """The deadline's exit in a child process (it ends the process it runs in): 0 for a stop asked for,
+    1 for a failed watcher, each with its reason in the log."""
+    script = (
+        "import logging, sys, time\n"
+        "from largebatch.kube import watchdog\n"
+        "logging.basicConfig()\n"
+        "dog = watchdog.Watchdog()\n"
+        "dog.failure = sys.argv[1] or None\n"
+        "dog._arm(0.1)\n"
+        "time.sleep(60)\n"
+    )
+    for failure, status, said in (("", 0, "it was asked to stop"), ("watcher for pods failed", 1, "kopf's watcher")):
+        ended = subprocess.run([sys.executable, "-c", script, failure], capture_output=True, text=True, timeout=60)
+        assert ended.returncode == status and f"exiting now: {said}" in ended.stderr, ended.stderr

@@ -32,6 +32,10 @@ STOP_SECONDS = 30.0
 """How long kopf may take to stop once the watchdog asked it to; then the process exits at once. kopf's
 stop hangs at times (in about half the e2e runs): watches still retrying when it closes its session wait
 for good to log in again (`Request attempt ... TCP closed; will re-authenticate`)."""
+CLOSE_SECONDS = 20.0
+"""The same for a stop someone else asked for (SIGTERM: a rollout, a drained node), counted from kopf's
+cleanup: within a pod's default grace period of 30 s, so that the log says why rather than a SIGKILL
+ending it. A SIGTERMed operator had not exited 30 s later, its log ending at the cleanup (stop 60)."""
 GUARDED = ("watcher for ", "peering keep-alive for ", "peering observer for ")
 """kopf's names for the tasks it keeps one of per watched resource and namespace: when one ends with an
 error, nothing starts it again."""
@@ -68,10 +72,12 @@ class Watchdog:
 
     def close(self) -> None:
         """At the operator's exit (a cleanup handler). Sets `stop` too: kopf waits for it in a task of
-        its own that it leaves running when a signal stops it, and then waits 5 s for that task at exit."""
+        its own that it leaves running when a signal stops it, and then waits 5 s for that task at exit.
+        Arms the exit deadline, unless a failure did: kopf's stop can hang whoever asked for it."""
         self.stop.set()
         if self._task is not None:
             self._task.cancel()
+        self._arm(CLOSE_SECONDS)
 
     async def run(self, interval: float = 1.0) -> None:
         """Finds kopf's guarded tasks as it starts them: at startup, and as watched namespaces appear."""
@@ -95,13 +101,20 @@ class Watchdog:
         log.error(f"Stopping the operator: kopf's {failure}; it does not start it again.")
         if self.failure is None:  # the first one, for the exit
             self.failure = failure
-            self.deadline = threading.Timer(STOP_SECONDS, self._exit_now)
-            self.deadline.daemon = True  # a kopf that stops in time ends the process at once
-            self.deadline.start()
+            self._arm(STOP_SECONDS)
         self.stop.set()
 
-    def _exit_now(self) -> None:
-        log.error(f"kopf did not stop within {STOP_SECONDS:.0f} s; exiting now. kopf's {self.failure}")
+    def _arm(self, seconds: float) -> None:
+        """Exits the process `seconds` from now unless it ended before; the first deadline armed holds."""
+        if self.deadline is None:
+            self.deadline = threading.Timer(seconds, self._exit_now, args=(seconds,))
+            self.deadline.daemon = True  # a kopf that stops in time ends the process at once
+            self.deadline.start()
+
+    def _exit_now(self, seconds: float) -> None:
+        """Exit status 1 after a failure (the Deployment starts the operator again), 0 after a stop."""
+        why = f"kopf's {self.failure}" if self.failure else "it was asked to stop"
+        log.error(f"kopf did not stop within {seconds:.0f} s; exiting now: {why}.")
         logging.shutdown()  # flush the log: os._exit does not
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(1 if self.failure else 0)
