@@ -12,7 +12,18 @@ import pytest
 from hypothesis import settings
 
 from largebatch.api import LargeBatchJob
-from tests.helpers import example
+from tests.helpers import SLOWNESS, bound, example, probe_slowness
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Measures how slow this machine is once, in the process that starts the others (xdist's workers and
+    every process a test starts inherit the environment), unless the environment says already."""
+    if not hasattr(config, "workerinput") and SLOWNESS not in os.environ:
+        os.environ[SLOWNESS] = f"{probe_slowness():.2f}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"bounds on waits scaled by {bound(1):.2f} ({SLOWNESS}, tests/helpers.py)"
 
 
 @pytest.fixture

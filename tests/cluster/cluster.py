@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from tests.helpers import free_port, wait_for
+from tests.helpers import bound, free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 FAKE = "kwok.x-k8s.io/node"
@@ -321,6 +321,7 @@ class Cluster:
             self.wait_condition(f"crd/{name}", "Established")
 
     def _wait_ready(self, timeout: float) -> None:
+        timeout = bound(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, process in self.processes.items():
@@ -333,7 +334,7 @@ class Cluster:
             time.sleep(0.2)
         checks = self.kubectl("get", "--raw=/readyz?verbose", check=False)
         failing = [line for line in (checks.stdout + checks.stderr).splitlines() if not line.startswith("[+]")]
-        raise TimeoutError(f"kube-apiserver not ready after {timeout} s ({'; '.join(failing)}); see "
+        raise TimeoutError(f"kube-apiserver not ready after {timeout:.0f} s ({'; '.join(failing)}); see "
                            f"{self.directory}/kube-apiserver.log")  # fmt: skip
 
     def add_node(self, name: str, gpus: int = 0, cpu: str = "32", memory: str = "256Gi", losable: bool = False) -> None:

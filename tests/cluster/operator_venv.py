@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.helpers import bound
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CACHE = Path.home() / ".cache" / "largebatch"
 PREFIX = "operator-venv-"
@@ -111,6 +113,6 @@ def _build(final: Path) -> None:
 
 
 def _run(command: list[str]) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=CACHE, timeout=900)
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=CACHE, timeout=bound(900))
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}")

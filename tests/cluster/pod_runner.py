@@ -55,7 +55,7 @@ from kubernetes import client
 from largebatch.kube.manifests import JOB_LABEL
 from largebatch.local.nodes import descendants, kill_tree
 from tests import zygote
-from tests.helpers import free_port
+from tests.helpers import bound, free_port
 
 
 @dataclass
@@ -97,7 +97,7 @@ class PodRunner:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=bound(30))
         for name in list(self.running):
             self._end(name)
         for run in self._frozen:

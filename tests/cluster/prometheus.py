@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.cluster import tools
-from tests.helpers import free_port, wait_for
+from tests.helpers import bound, free_port, wait_for
 
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -96,4 +96,4 @@ class Prometheus:
 
     def stop(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=30)
+        self.process.wait(timeout=bound(30))

@@ -137,10 +137,8 @@ def wait_or_explain(condition, what: str, cluster, namespace: str, name: str, po
     """wait_for, and on a timeout the job's status, the pods' logs and the operator's log."""
     try:
         return wait_for(condition, timeout=timeout, what=what)
-    except AssertionError:
-        raise AssertionError(
-            explanation(f"timed out waiting for {what}", cluster, namespace, name, pods, log_path)
-        ) from None
+    except AssertionError as timed_out:
+        raise AssertionError(explanation(str(timed_out), cluster, namespace, name, pods, log_path)) from None
 
 
 def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, log_path, stall: float = 300) -> dict:
@@ -160,7 +158,7 @@ def wait_until_succeeded(cluster, namespace: str, name: str, pods: PodRunner, lo
         samples = status.get("progress", {}).get("samples")
         if samples != seen:
             seen, since = samples, time.monotonic()
-        if status.get("phase") == "Failed" or time.monotonic() - since > stall:
+        if status.get("phase") == "Failed" or time.monotonic() - since > helpers.bound(stall):
             quiet = time.monotonic() - since
             headline = f"the job did not succeed: phase {status.get('phase')}, no new sample for {quiet:.0f} s"
             raise AssertionError(explanation(headline, cluster, namespace, name, pods, log_path))

@@ -29,7 +29,7 @@ from tests.e2e.jobs import (
     wait_until_succeeded,
 )
 from tests.e2e.operator_process import OperatorProcess, through_proxy
-from tests.helpers import simulated_task, wait_for
+from tests.helpers import bound, simulated_task, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -222,7 +222,7 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
             assert {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(namespace).items} == services
         finally:
             done.set()
-            watcher.join(timeout=30)
+            watcher.join(timeout=bound(30))
     assert sorted(created) == ["cut-rdzv", "cut-worker-0", "cut-worker-1"], created  # each once
     assert contiguous(history(tmp_path), TOTAL)
 
@@ -290,7 +290,7 @@ def test_an_operator_refused_for_longer_than_it_retries_exits_to_be_restarted(
         with forbidden(crd):
             proxy.cut()
             proxy.restore()
-            assert operator.process.wait(timeout=120) == 1, operator.tail()
+            assert operator.process.wait(timeout=bound(120)) == 1, operator.tail()
     assert re.search(r"Stopping the operator: kopf's watcher for \S+ failed: APIForbiddenError", log.read_text()), (
         log.read_text()[-3000:]
     )

@@ -15,7 +15,7 @@ from largebatch import api, report, schedule
 from largebatch.api import PlanStatus, ProgressStatus
 from largebatch_trainer.progress import KubernetesSink
 from tests.e2e.jobs import apply, seesaw
-from tests.helpers import EXAMPLES, wait_for
+from tests.helpers import EXAMPLES, bound, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -157,7 +157,7 @@ def test_the_trainer_patches_progress_into_the_status_subresource(crd, namespace
     )  # fmt: skip
     plan = PlanStatus(global_batch=256, micro_batch=256, accumulation_steps=1, world_size=1, lr=0.001)
     sink.report(report.report(progress, plan))
-    assert sink.close(timeout=30)
+    assert sink.close(timeout=bound(30))
     status = client.CustomObjectsApi(crd.api).get_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw"
     )["status"]
@@ -222,7 +222,7 @@ def test_a_refused_status_report_is_kept_and_the_newest_one_sent_once_the_server
         sink.report(report.report(progress[1], plan))
     finally:
         crd.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", refuse)
-    assert sink.close(timeout=60)
+    assert sink.close(timeout=bound(60))
     stored = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "pylm-seesaw")
     assert report.read(stored["status"])[0] == progress[1]
     said = capsys.readouterr().err

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from largebatch import api
 from tests.e2e.jobs import seesaw
-from tests.helpers import wait_for
+from tests.helpers import bound, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,13 +50,13 @@ def test_run_submits_and_follows_the_job_to_its_end(crd, namespace, tmp_path):
     client.CustomObjectsApi(crd.api).patch_namespaced_custom_object_status(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "followed", {"status": done}
     )
-    out, err = follower.communicate(timeout=60)
+    out, err = follower.communicate(timeout=bound(60))
     assert follower.returncode == 0, err
     assert f"largebatchjob followed created in {namespace}" in out
     assert "Succeeded" in out and "Complete: trained 4,096 samples in 10 steps" in out
 
     again = start(job_file(tmp_path, "followed"), "-n", namespace, "--detach", kubeconfig=crd.kubeconfig)
-    _, err = again.communicate(timeout=60)
+    _, err = again.communicate(timeout=bound(60))
     assert again.returncode == 1 and f"largebatchjob followed in namespace {namespace} already exists" in err
 
 
@@ -64,7 +64,7 @@ def test_ctrl_c_stops_following_not_the_job(crd, namespace, tmp_path):
     follower = start(job_file(tmp_path, "kept"), "-n", namespace, kubeconfig=crd.kubeconfig)
     assert "largebatchjob kept created" in follower.stdout.readline()  # submitted, now following
     follower.send_signal(signal.SIGINT)
-    out, err = follower.communicate(timeout=60)
+    out, err = follower.communicate(timeout=bound(60))
     assert follower.returncode == 130, err
     assert "Stopped following; kept goes on" in out
     assert get(crd, namespace, "kept") is not None
@@ -72,10 +72,10 @@ def test_ctrl_c_stops_following_not_the_job(crd, namespace, tmp_path):
 
 def test_a_bad_job_is_refused_before_anything_is_submitted(crd, namespace, tmp_path):
     bad = start(job_file(tmp_path, "bad", workers={"min": 4, "max": 2}), "-n", namespace, kubeconfig=crd.kubeconfig)
-    _, err = bad.communicate(timeout=60)
+    _, err = bad.communicate(timeout=bound(60))
     assert bad.returncode == 2 and "workers.min must be <= workers.max" in err and "Traceback" not in err
     assert get(crd, namespace, "bad") is None
     local_only = start(job_file(tmp_path, "flags"), "-n", namespace, "--slots", "2", kubeconfig=crd.kubeconfig)
-    _, err = local_only.communicate(timeout=60)
+    _, err = local_only.communicate(timeout=bound(60))
     assert local_only.returncode == 2 and "--slots only apply with --local" in err
     assert get(crd, namespace, "flags") is None

@@ -24,7 +24,7 @@ from kubernetes import client
 from tests.cluster.prometheus import Prometheus, promtool
 from tests.e2e.jobs import CHART, apply, job_document
 from tests.e2e.operator_process import OperatorProcess
-from tests.helpers import ROOT, free_port, port_is_free, wait_for
+from tests.helpers import ROOT, bound, free_port, port_is_free, wait_for
 from tests.integration.trainer_helpers import PYTHON, trainer_env, write_job
 
 pytestmark = pytest.mark.e2e
@@ -195,7 +195,7 @@ def test_prometheus_scrapes_real_runs_and_every_dashboard_query_answers(promethe
         if runner is not None:
             os.killpg(runner.pid, signal.SIGINT)  # Ctrl-C: the run checkpoints and stops
             try:
-                runner.wait(timeout=120)
+                runner.wait(timeout=bound(120))
             except subprocess.TimeoutExpired:
                 os.killpg(runner.pid, signal.SIGKILL)
         if prometheus is not None:

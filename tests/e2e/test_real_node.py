@@ -177,10 +177,8 @@ def test_the_chart_and_a_job_run_in_their_images_on_the_real_node(crd, images, n
         def waited(condition, what: str, timeout: float = WAIT):
             try:
                 return wait_for(condition, timeout=timeout, what=what)
-            except AssertionError:
-                raise AssertionError(
-                    f"timed out waiting for {what}\n{state()}\n{explain(crd, namespace, home)}"
-                ) from None
+            except AssertionError as timed_out:
+                raise AssertionError(f"{timed_out}\n{state()}\n{explain(crd, namespace, home)}") from None
 
         document = on_the_real_node("real", images.trainer)
         document["spec"]["checkpoint"] = {"path": "/ckpt", "claimName": "checkpoints", "everySteps": 100_000}

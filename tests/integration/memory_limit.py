@@ -7,6 +7,8 @@ import contextlib
 import time
 from pathlib import Path
 
+from tests.helpers import bound
+
 V2 = Path("/sys/fs/cgroup")
 V1 = Path("/sys/fs/cgroup/memory")
 
@@ -31,7 +33,7 @@ class MemoryLimit:
         return ["sh", "-c", f'echo $$ > {self.path / "cgroup.procs"} && exec "$@"', "sh", *argv]
 
     def __exit__(self, *_exc) -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + bound(30)
         while (self.path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.1)  # processes that were killed leave the group as they are reaped
         with contextlib.suppress(OSError):

@@ -13,7 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import zygote
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, bound, free_port, wait_for
 from tests.integration.trainer_helpers import (
     covered_samples,
     final_state,
@@ -79,7 +79,7 @@ def test_metrics_progress_sigterm_checkpoint_and_exact_resume(tmp_path):
         assert report["progress"]["step"] > 0 and report["plan"]["globalBatch"] == 16
         assert report["progress"]["done"] is False
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 143
+        assert process.wait(timeout=bound(60)) == 143
     finally:
         process.kill()
     stopped = final_state(tmp_path / "interrupted-ckpt")

@@ -27,7 +27,7 @@ from largebatch import launch
 from largebatch.local.nodes import descendants
 from largebatch_trainer.main import NAME_PREFIX
 from tests import zygote
-from tests.helpers import contiguous, free_port, newest_history, resumed_where_stopped, wait_for
+from tests.helpers import bound, contiguous, free_port, newest_history, resumed_where_stopped, wait_for
 from tests.integration.trainer_helpers import (
     PYTHON,
     covered_samples,
@@ -154,13 +154,13 @@ def test_losing_a_node_mid_run_resumes_exactly(tmp_path):
         # (largebatch_trainer.rejoin keeps the round open).
         (worker,) = workers_of(second)
         os.kill(worker, signal.SIGKILL)
-        assert second.wait(timeout=120) != 0
-        assert first.wait(timeout=240) == 0, first.args
+        assert second.wait(timeout=bound(120)) != 0
+        assert first.wait(timeout=bound(240)) == 0, first.args
     finally:
         for process in (first, second):
             kill_tree(process.pid)
         store.terminate()
-        assert store.wait(timeout=30) == 0
+        assert store.wait(timeout=bound(30)) == 0
     state = final_state(tmp_path / "elastic-ckpt")
     assert state["progress"]["samples"] == TOTAL
     worlds = [run[3] for run in state["history"]]
@@ -207,13 +207,14 @@ def test_a_lost_rendezvous_store_that_comes_back_loses_nothing(tmp_path):
                            what="the agents to see the store back")  # fmt: skip
             for pid in held.pop(log):
                 os.kill(pid, signal.SIGCONT)
-        assert first.wait(timeout=240) == 0 and second.wait(timeout=60) == 0, [log.read_text()[-3000:] for log in logs]
+        finished = first.wait(timeout=bound(240)) == 0 and second.wait(timeout=bound(60)) == 0
+        assert finished, [log.read_text()[-3000:] for log in logs]
     finally:
         for process in (first, second):
             kill_tree(process.pid)
         for process in (store, replacement):
             process.terminate()
-            process.wait(timeout=30)
+            process.wait(timeout=bound(30))
     text = "".join(log.read_text() for log in logs)
     assert all(BACK in log.read_text() for log in logs), f"the store listened again at step {back_at}"
     state = final_state(tmp_path / "elastic-ckpt")
@@ -277,6 +278,6 @@ def test_a_node_waiting_for_a_round_is_in_it_however_late_it_polls(tmp_path):
             if process is not None:
                 kill_tree(process.pid)
         store.terminate()
-        store.wait(timeout=30)
+        store.wait(timeout=bound(30))
     resumed = [line for line in (tmp_path / "agent-0.log").read_text().splitlines() if "resumed from" in line]
     assert resumed and all(line.endswith("with world size 2") for line in resumed), resumed

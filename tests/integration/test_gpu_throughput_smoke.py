@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, bound
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ def test_the_smoke_run_prints_the_table():
     path = os.pathsep.join(str(ROOT / package) for package in ("operator", "trainer_image"))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--smoke", "--peak-tflops", "1"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=bound(300), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {
         line.split("|")[1].strip(): line.split("|")[2].strip()

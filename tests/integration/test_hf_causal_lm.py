@@ -15,6 +15,7 @@ import torch
 from largebatch_trainer import export
 from largebatch_trainer.tasks import load_task
 from largebatch_trainer.token_files import TokenMeta
+from tests.helpers import bound
 from tests.integration.hf_helpers import make_tokenizer, texts
 from tests.integration.memory_limit import MemoryLimit
 from tests.integration.trainer_helpers import (
@@ -51,7 +52,7 @@ def corpus(tmp_path_factory) -> Path:
     out = directory / "train.bin"
     command = [*LBCTL, "prepare-data", *map(str, texts(40)), "--tokenizer", str(tokenizer), "--out", str(out),
                "--workers", "2"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=bound(300))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tokens in 40 documents" in result.stdout
     return out
@@ -119,7 +120,7 @@ def test_lbctl_export_writes_the_model_of_an_earlier_checkpoint(tmp_path, corpus
     run_standalone(job, 0)
     out = tmp_path / "step-10"
     result = subprocess.run([*LBCTL, "export", str(job), "--step", "10", "--out", str(out)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+                            capture_output=True, text=True, timeout=bound(300))  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "wrote the model of step 10" in result.stdout
     from transformers import AutoModelForCausalLM
@@ -130,7 +131,7 @@ def test_lbctl_export_writes_the_model_of_an_earlier_checkpoint(tmp_path, corpus
     name = "transformer.h.0.attn.c_attn.weight"
     assert torch.equal(loaded[name], at_ten[name]) and not torch.equal(loaded[name], final[name])
     missing = subprocess.run([*LBCTL, "export", str(job), "--step", "7", "--out", str(tmp_path / "x")],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+                             capture_output=True, text=True, timeout=bound(300))  # fmt: skip
     assert missing.returncode == 2 and "no checkpoint of step 7" in missing.stderr and not (tmp_path / "x").exists()
 
 
@@ -151,7 +152,7 @@ def test_a_token_file_larger_than_the_memory_limit_trains_without_loading_it(tmp
     with MemoryLimit(tmp_path.name, 2 << 30) as limit:
         loading = subprocess.run(
             limit.command([PYTHON, "-c", f"import numpy; numpy.fromfile({str(data)!r}, numpy.uint16).sum()"]),
-            capture_output=True, text=True, timeout=300,
+            capture_output=True, text=True, timeout=bound(300),
         )  # fmt: skip
         assert loading.returncode == -9, f"the limit did not stop a process that loads the file: {loading}"
         result = lbctl_run(job, tmp_path / "run", wrap=limit.command)

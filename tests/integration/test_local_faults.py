@@ -17,7 +17,7 @@ from largebatch import launch
 from largebatch.local import rundir
 from largebatch.local.nodes import descendants, parent_of
 from largebatch_trainer import checkpoint
-from tests.helpers import contiguous, simulated_task, wait_for
+from tests.helpers import bound, contiguous, simulated_task, wait_for
 from tests.integration.trainer_helpers import (
     final_state,
     kill_tree,
@@ -110,7 +110,7 @@ def test_a_run_directory_belongs_to_one_run_at_a_time(tmp_path):
         assert f"--run-dir {run_dir.resolve()} is in use by another lbctl run (pid {first.pid})" in second.stderr
         assert record_of(run_dir)["sessions"] == 1  # the second never touched the record
         first.send_signal(signal.SIGTERM)  # as `kill` or a process supervisor stops it: like Ctrl-C
-        assert first.wait(timeout=300) == 128 + signal.SIGTERM
+        assert first.wait(timeout=bound(300)) == 128 + signal.SIGTERM
         assert record_of(run_dir)["sessionLog"][-1]["outcome"] == "stopped"
     finally:
         kill_tree(first.pid)
@@ -125,7 +125,7 @@ def test_a_run_directory_belongs_to_one_run_at_a_time(tmp_path):
         # Ctrl-C as soon as the session has recorded itself, while it still imports torch: a clean stop,
         # recorded as one, not a KeyboardInterrupt.
         resumed.send_signal(signal.SIGINT)
-        assert resumed.wait(timeout=300) == 128 + signal.SIGINT
+        assert resumed.wait(timeout=bound(300)) == 128 + signal.SIGINT
         assert record_of(run_dir)["sessionLog"][-1]["outcome"] == "stopped"
     finally:
         kill_tree(resumed.pid)
@@ -182,7 +182,7 @@ def test_a_killed_agent_takes_its_workers_with_it_and_a_new_node_joins(tmp_path)
         assert {parent_of(parent_of(pid)) for pid in workers.values()} == {runner.pid}
         stepping(run_dir, stepping(run_dir) + 20)
         runner.send_signal(signal.SIGINT)
-        assert runner.wait(timeout=120) == 130
+        assert runner.wait(timeout=bound(120)) == 130
     finally:
         kill_tree(runner.pid)
     assert record_of(run_dir)["restarts"] >= 3
@@ -202,7 +202,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_record(tmp_path, tmp
                     filler.flush()
             except OSError:
                 pass
-        output, _ = runner.communicate(timeout=300)
+        output, _ = runner.communicate(timeout=bound(300))
     finally:
         kill_tree(runner.pid)
     text = output.decode(errors="replace")
@@ -239,7 +239,7 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
         children = descendants(runner.pid)
         assert len(children) >= 2  # a torchrun agent and its worker
         runner.send_signal(signal.SIGINT)
-        assert runner.wait(timeout=120) == 130
+        assert runner.wait(timeout=bound(120)) == 130
     finally:
         kill_tree(runner.pid)
     alive = [pid for pid in children if Path(f"/proc/{pid}").exists()]
@@ -255,7 +255,7 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
         family = descendants(runner.pid)
         assert family
         runner.kill()
-        runner.wait(timeout=30)
+        runner.wait(timeout=bound(30))
         # The agents hold the folder's lock with lbctl: it stays taken until the last of them is gone.
         refusals = []
 
@@ -279,7 +279,7 @@ def test_records_match_their_checkpoint_and_a_killed_session_is_accounted_for(tm
     try:
         stepping(run_dir, killed_at + 20)  # steps of this session: its signal handlers are in place
         runner.send_signal(signal.SIGHUP)
-        assert runner.wait(timeout=120) == 129
+        assert runner.wait(timeout=bound(120)) == 129
     finally:
         kill_tree(runner.pid)
     record = record_of(run_dir)

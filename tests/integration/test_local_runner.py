@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from largebatch import schedule
-from tests.helpers import contiguous, simulated_task, wait_for
+from tests.helpers import bound, contiguous, simulated_task, wait_for
 from tests.integration.trainer_helpers import (
     kill_tree,
     lbctl_run,
@@ -156,7 +156,7 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path):
             timeout=120,
             what="an elastic restart",
         )
-        output, _ = runner.communicate(timeout=300)
+        output, _ = runner.communicate(timeout=bound(300))
         assert runner.returncode == 0, output.decode()[-3000:]
     finally:
         kill_tree(runner.pid)

@@ -14,7 +14,7 @@ import yaml
 
 from largebatch.local.nodes import parent_of
 from largebatch_trainer import checkpoint
-from tests.helpers import divergences_raised, wait_for
+from tests.helpers import bound, divergences_raised, wait_for
 from tests.integration.trainer_helpers import (
     LBCTL,
     descendants,
@@ -33,7 +33,7 @@ MUP = {"depth": 2, "heads": 2, "context": 16, "parametrization": "mup", "baseWid
 
 
 def lbctl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run([*LBCTL, *args], capture_output=True, text=True, timeout=timeout, env=trainer_env())
+    result = subprocess.run([*LBCTL, *args], capture_output=True, text=True, timeout=bound(timeout), env=trainer_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.operator_venv import clean_env, operator_python
-from tests.helpers import ROOT
+from tests.helpers import ROOT, bound
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def python() -> Path:
 def run(command: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
     # Outside the checkout, with no PYTHONPATH: only what the venv has installed can be imported.
     return subprocess.run(
-        [str(part) for part in command], capture_output=True, text=True, env=clean_env(), cwd=cwd, timeout=120
+        [str(part) for part in command], capture_output=True, text=True, env=clean_env(), cwd=cwd, timeout=bound(120)
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from largebatch_trainer.prepare_data import PIECE_BYTES, load_tokenizer
 from largebatch_trainer.token_files import meta_path, read_meta
-from tests.helpers import wait_for
+from tests.helpers import bound, wait_for
 from tests.integration.hf_helpers import make_tokenizer, texts
 from tests.integration.trainer_helpers import LBCTL
 
@@ -27,7 +27,8 @@ def tokenizer(tmp_path_factory) -> Path:
 
 
 def prepare(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run([*LBCTL, "prepare-data", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    command = [*LBCTL, "prepare-data", *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=bound(timeout))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -69,7 +70,7 @@ def test_a_saved_dataset_gives_one_document_per_row(tmp_path, tokenizer):
     assert np.fromfile(out, dtype=np.uint16).tolist() == expected_tokens(tokenizer, rows[25:])
     assert read_meta(out, "out").documents == 5
     command = [*LBCTL, "prepare-data", str(tmp_path / "saved"), "--tokenizer", str(tokenizer), "--out", "x.bin"]
-    refused = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=bound(300), cwd=tmp_path)
     assert refused.returncode == 2 and "holds splits ['test', 'train']: choose one with --split" in refused.stderr
 
 

@@ -17,7 +17,7 @@ from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-expo
 from largebatch_trainer import checkpoint
 from largebatch_trainer.main import NAME_PREFIX
 from tests import zygote
-from tests.helpers import merge, spec_dict
+from tests.helpers import bound, merge, spec_dict
 
 PYTHON = sys.executable
 
@@ -68,7 +68,7 @@ def run_standalone(
     stdout, stderr = Path(name), Path(name).with_suffix(".stderr")
     child = zygote.shared().start(module, args, trainer_env() | (env or {}), Path.cwd(), stdout, stderr)
     try:
-        child.wait(timeout)
+        child.wait(bound(timeout))
     except subprocess.TimeoutExpired:
         child.kill()
         raise
@@ -111,7 +111,8 @@ def lbctl_run(
 ) -> subprocess.CompletedProcess:
     """`lbctl run --local`, its command line passed through `wrap` (to start it somewhere, e.g. a cgroup)."""
     command = [*LBCTL, "run", str(job), "--local", "--run-dir", str(run_dir), "--metrics-port", "0", *extra]
-    return subprocess.run(wrap(command), capture_output=True, text=True, timeout=timeout, env=env or trainer_env())
+    env = env or trainer_env()
+    return subprocess.run(wrap(command), capture_output=True, text=True, timeout=bound(timeout), env=env)
 
 
 def start_lbctl(job: Path, run_dir: Path) -> subprocess.Popen:
