@@ -230,16 +230,30 @@ def test_the_operator_cut_off_from_the_api_server_for_a_minute_creates_nothing_t
 @contextlib.contextmanager
 def forbidden(cluster) -> Iterator[None]:
     """The operator's ClusterRoleBinding removed for the block, then created again: each request of the
-    operator's is answered 403, as a restarted API server does while its RBAC caches are empty."""
+    operator's is answered 403, as a restarted API server does while its RBAC caches are empty. The block
+    starts once the API server's authorizer denies the operator (it learns of the deletion through an
+    informer): a watch that asked again before that was allowed and streamed on with nothing to fail, and
+    test_403s waited 180 s for its refusals (stop 61, a cold run)."""
     rbac = client.RbacAuthorizationV1Api(cluster.api)
     name = f"{RELEASE}-operator"  # the chart's, as its ServiceAccount's
     binding = rbac.read_cluster_role_binding(name)
     rbac.delete_cluster_role_binding(name)
     try:
+        account = next(subject for subject in binding.subjects if subject.kind == "ServiceAccount")
+        wait_for(lambda: not may_watch_pods(cluster, f"system:serviceaccount:{account.namespace}:{account.name}"),
+                 what="the API server's authorizer to deny the operator")  # fmt: skip
         yield
     finally:
         binding.metadata = client.V1ObjectMeta(name=binding.metadata.name, labels=binding.metadata.labels)
         rbac.create_cluster_role_binding(binding)
+
+
+def may_watch_pods(cluster, user: str) -> bool:
+    """What the API server's authorizer answers `user` asking to watch pods (a SubjectAccessReview)."""
+    attributes = client.V1ResourceAttributes(verb="watch", resource="pods")
+    spec = client.V1SubjectAccessReviewSpec(user=user, resource_attributes=attributes)
+    authorization = client.AuthorizationV1Api(cluster.api)
+    return authorization.create_subject_access_review(client.V1SubjectAccessReview(spec=spec)).status.allowed
 
 
 def pod_uid(core, namespace: str, name: str) -> str | None:
