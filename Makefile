@@ -31,7 +31,8 @@ run: venv
 	$(LBCTL) run examples/quickstart.yaml --local
 
 # A worker per e2e lane (three: they mostly wait on their control planes) and one per core for the unit and
-# process tests, which compute (tests/conftest.py deals them into that many lanes).
+# process tests, which compute: xdist hands those out longest first, in the order tests/conftest.py gives,
+# to whichever worker is free, the e2e lanes' workers once their lanes end.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 3 )))
 
 # The venv and the cluster's tools side by side: on a cold machine uv's and apt's downloads then overlap the
@@ -39,7 +40,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 3 )))
 test:
 	$(MAKE) --no-print-directory -j2 venv cluster-tools
 	$(VENV)/bin/ruff check operator trainer_image tests benchmarks dev
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The operator and trainer images (docker or podman): IMAGE_REPOSITORY, IMAGE_TAG, BASE, PUSH=1 (dev/images.sh).
 images:

@@ -56,19 +56,11 @@ E2E_LANES = {
 the other on the control plane that worker starts (tests/e2e/conftest.py), beside the other lanes' workers
 and theirs. The real node, of which a machine has one, is only asked for by e2e-node's tests; e2e-faults
 stops its control plane's API server and etcd, which no other lane's tests see. Balanced by the modules'
-times in tests/README.md. Every other e2e module is dealt (`deal`)."""
-
-
-def compute_lanes(workers: int) -> int:
-    """The lanes of the unit and process tests, which compute rather than wait: the workers the e2e lanes
-    leave (`make test` starts one per core beside them). More than one per core bought nothing: on two
-    cores, five workers that each took any test ran the process tests at 0.3 to 0.4 of a core each, and
-    their CPU grew 10 to 45% (trainers and agents preempted mid-collective, caches shared), 2026-12-05."""
-    return max(1, workers - len(E2E_LANES))
+times in tests/README.md. Every other e2e module is dealt (`deal_e2e`)."""
 
 
 LANE_SECONDS = Path(__file__).with_name("lane_seconds.json")
-"""Each test's wall seconds in one `make test` run (`python -m tests.timing_table DIR --lane-seconds`)."""
+"""Each test's wall seconds in `make test` runs (`python -m tests.timing_table DIR... --lane-seconds`)."""
 IMAGES_SECONDS = {"loaded": 0.0, "layers built": 400.0, "cold": 930.0}
 """How much longer than with this checkout's images in the node's containerd the e2e-node lane's first
 image test takes, by `tests.cluster.images.readiness()`: with the layers built and the import into
@@ -77,26 +69,15 @@ base, torch's wheels), 960 s (ac2f805, pip in the Dockerfiles) and 1,193 s on a 
 Past about 700 s the dealing is the same: the lane gets no module but the real node's (tests/lane_seconds.json)."""
 
 
-def deal(
-    tests: list[str],
-    e2e_lane: dict[str, str],
-    lanes: int,
-    seconds: dict[str, float],
-    head_start: dict[str, float],
-    e2e_dealt: dict[str, str] | None = None,
+def deal_e2e(
+    e2e_lane: dict[str, str], seconds: dict[str, float], head_start: dict[str, float], e2e_dealt: dict[str, str]
 ) -> dict[str, str]:
-    """Each test's lane. An e2e test in `e2e_lane` keeps the lane it names; one in `e2e_dealt` (test to
-    its module) goes with its whole module, longest module first, to whichever e2e lane has the least work
-    so far; the others go, longest first, to whichever lane has the least, the e2e lanes (with their
-    tests' seconds, and the `head_start` a lane's set-up takes) among them. The run lasts as long as its
-    longest lane, and lanes that end early leave their share of the cores idle: dealt in turn to the
-    compute lanes only, these ended at 995 and 1,027 s and the e2e lanes at 750 to 811 s (2026-12-05),
-    while two workers ran at 0.45 of a core each; with the real node's lane building the images cold
-    (960 s) and its four other modules beside them, it ended 300 to 500 s after the rest (ac2f805). A
-    test not in `seconds` counts as the median one."""
-    e2e_dealt = e2e_dealt or {}
-    typical = statistics.median(seconds.values()) if seconds else 1.0
-    load = {f"compute-{i}": 0.0 for i in range(lanes)} | {lane: head_start.get(lane, 0.0) for lane in E2E_LANES}
+    """Each e2e test's lane. One in `e2e_lane` keeps the lane it names; one in `e2e_dealt` (test to its
+    module) goes with its whole module, longest module first, to whichever e2e lane has the least work so
+    far (its tests' seconds, and the `head_start` a lane's set-up takes). A test not in `seconds` counts
+    as the median one."""
+    typical = median(seconds)
+    load = {lane: head_start.get(lane, 0.0) for lane in E2E_LANES}
     for test, lane in e2e_lane.items():
         load[lane] += seconds.get(test, typical)
     lane_of = dict(e2e_lane)
@@ -108,30 +89,66 @@ def deal(
         lane = min(E2E_LANES, key=lambda name: (load[name], name))
         lane_of |= dict.fromkeys(modules[module], lane)
         load[lane] += module_seconds[module]
-    dealt = set(lane_of)
-    for test in sorted((t for t in tests if t not in dealt), key=lambda t: -seconds.get(t, typical)):
-        lane = min(load, key=lambda name: (load[name], name))
-        lane_of[test] = lane
-        load[lane] += seconds.get(test, typical)
     return lane_of
 
 
+def hand_out_order(
+    tests: list[str], lane_of: dict[str, str], unit_of: dict[str, str], seconds: dict[str, float]
+) -> list[str]:
+    """The order in which xdist hands the tests out (`--dist loadgroup --no-loadscope-reorder`: one work
+    unit to each worker, then the next unit to whichever worker has no more than two tests left). First
+    the e2e lanes (`lane_of`), one unit each, so that each goes to a worker of its own; then the other
+    tests, longest unit first: a test alone, or with the tests it shares a module- or class-scoped fixture
+    with (`unit_of` names the unit; such tests on one worker must not be split up by others, or the
+    fixture is set up again). Longest first to whichever worker is free ends every worker within about
+    one short test of the others, whatever the machine's hour makes of the recorded seconds. A test not
+    in `seconds` counts as the median one. Within a unit the tests keep their order in `tests`."""
+    typical = median(seconds)
+    unit = {test: lane_of.get(test) or unit_of.get(test) or test for test in tests}
+    unit_seconds: dict[str, float] = {}
+    for test in tests:
+        unit_seconds[unit[test]] = unit_seconds.get(unit[test], 0.0) + seconds.get(test, typical)
+    lanes = list(E2E_LANES)
+    rank = {name: (0, lanes.index(name), 0.0) for name in lanes} | {
+        name: (1, 0, -total) for name, total in unit_seconds.items() if name not in E2E_LANES
+    }
+    first: dict[str, int] = {}
+    for index, test in enumerate(tests):
+        first.setdefault(unit[test], index)
+    order = sorted(range(len(tests)), key=lambda i: (rank[unit[tests[i]]], first[unit[tests[i]]], i))
+    return [tests[i] for i in order]
+
+
+def median(seconds: dict[str, float]) -> float:
+    return statistics.median(seconds.values()) if seconds else 1.0
+
+
 def split_e2e(module_of: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The e2e tests (test to its module) split for `deal`: those whose module keeps a lane, with that
+    """The e2e tests (test to its module) split for `deal_e2e`: those whose module keeps a lane, with that
     lane, and the others, with their module."""
     module_lane = {module: lane for lane, modules in E2E_LANES.items() for module in modules}
     kept = {test: module_lane[module] for test, module in module_of.items() if module in module_lane}
     return kept, {test: module for test, module in module_of.items() if test not in kept}
 
 
+def shared_fixture_unit(item: pytest.Item) -> str | None:
+    """The module (or, for a package-scoped fixture, the package) whose tests share a fixture wider than
+    a test's and narrower than the session's with this one, if it has such a fixture."""
+    scopes = {defs[-1].scope for defs in item._fixtureinfo.name2fixturedefs.values() if defs}
+    module = item.nodeid.split("::")[0]
+    if "package" in scopes:
+        return module.rsplit("/", 1)[0]
+    return module if scopes & {"module", "class"} else None
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`make test`: `--dist loadgroup`), every test goes to a lane, an xdist group that
-    one worker runs in order: each e2e test to its E2E_LANES lane, the others as `deal` says. First,
-    because xdist's own hook reads the marks into the test's id (without tryfirst it ran before this one,
-    and the tests went to any worker)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if not workers:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`), each e2e lane is an
+    xdist group that one worker runs in order, and the other tests are handed out longest first to
+    whichever worker is free (`hand_out_order`): the e2e lanes' workers join in once their lanes end.
+    First, because xdist's own hook reads the marks into the test's id (without tryfirst it ran before
+    this one, and the tests went to any worker)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         return
     e2e_lane, e2e_dealt = split_e2e(
         {item.nodeid: item.module.__name__.rsplit(".", 1)[-1] for item in items if item.get_closest_marker("e2e")}
@@ -139,8 +156,14 @@ def pytest_collection_modifyitems(items):
     seconds = json.loads(LANE_SECONDS.read_text()) if LANE_SECONDS.exists() else {}
     from tests.cluster import images
 
-    head_start = {"e2e-node": IMAGES_SECONDS[images.readiness()]}
-    tests = [item.nodeid for item in items]
-    lane_of = deal(tests, e2e_lane, compute_lanes(workers), seconds, head_start, e2e_dealt)
+    lane_of = deal_e2e(e2e_lane, seconds, {"e2e-node": IMAGES_SECONDS[images.readiness()]}, e2e_dealt)
+    unit_of = {
+        item.nodeid: unit for item in items if item.nodeid not in lane_of and (unit := shared_fixture_unit(item))
+    }
+    group_of = lane_of | unit_of
+    order = hand_out_order([item.nodeid for item in items], lane_of, unit_of, seconds)
+    position = {test: index for index, test in enumerate(order)}
+    items.sort(key=lambda item: position[item.nodeid])
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane_of[item.nodeid]))
+        if item.nodeid in group_of:
+            item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid]))

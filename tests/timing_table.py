@@ -7,8 +7,9 @@ reads the JSON lines tests/cpu_report.py wrote (one file per xdist worker) and p
 per module, its tests, the xdist worker(s) it ran on, its summed wall seconds (set-up and teardown
 included, so a session fixture's start counts in the first test that asks for it) and the CPU seconds of
 the pytest process and of the processes its tests ran; then each worker's total, which is what bounds the
-run's wall time. `python -m tests.timing_table /tmp/times --lane-seconds` writes tests/lane_seconds.json from
-the run instead: each test's wall seconds, by which tests/conftest.py balances the lanes.
+run's wall time. `python -m tests.timing_table /tmp/times [/tmp/times2 ...] --lane-seconds` writes
+tests/lane_seconds.json from the runs instead: each test's mean wall seconds over them, by which
+tests/conftest.py deals the e2e modules and orders the rest.
 """
 
 from __future__ import annotations
@@ -63,18 +64,23 @@ def slowest(found: list[dict], count: int) -> str:
     return "\n".join(lines)
 
 
-def lane_seconds(found: list[dict]) -> str:
-    """tests/lane_seconds.json: each test's wall seconds (its id without the xdist group), which
-    tests/conftest.py deals the lanes by."""
-    seconds = {row["test"].split("@")[0]: round(row["wall_s"], 1) for row in found}
+def lane_seconds(runs: list[list[dict]]) -> str:
+    """tests/lane_seconds.json: each test's wall seconds (its id without the xdist group), the mean over
+    the runs that ran it, which tests/conftest.py lays the tests out by."""
+    walls: dict[str, list[float]] = defaultdict(list)
+    for found in runs:
+        for row in found:
+            walls[row["test"].split("@")[0]].append(row["wall_s"])
+    seconds = {test: round(sum(its) / len(its), 1) for test, its in walls.items()}
     return json.dumps(dict(sorted(seconds.items())), indent=0) + "\n"
 
 
 if __name__ == "__main__":
-    found = rows(Path(sys.argv[1]))
-    if sys.argv[2:] == ["--lane-seconds"]:
-        Path(__file__).with_name("lane_seconds.json").write_text(lane_seconds(found))
+    if sys.argv[-1] == "--lane-seconds":
+        runs = [rows(Path(folder)) for folder in sys.argv[1:-1]]
+        Path(__file__).with_name("lane_seconds.json").write_text(lane_seconds(runs))
         raise SystemExit
+    found = rows(Path(sys.argv[1]))
     print(table(found))
     print()
     print(slowest(found, int(sys.argv[2]) if len(sys.argv) > 2 else 30))

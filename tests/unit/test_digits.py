@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-import sklearn.datasets as sklearn_datasets
 import torch
 from torch import nn
 
@@ -20,8 +19,10 @@ def build(**args):
 
 
 def test_every_fifth_image_is_held_out_scaled_to_the_unit_interval():
+    import sklearn.datasets  # here, not at the top: every xdist worker collects this module (tests/README.md)
+
     task = build()
-    bunch = sklearn_datasets.load_digits()
+    bunch = sklearn.datasets.load_digits()
     assert (len(task.dataset), len(task.eval_dataset)) == (1437, 360)
     x, y = task.eval_dataset[7]
     assert x.shape == (1, 8, 8) and x.dtype == torch.float32

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from pytorch_optimizer import Lamb
 
 from largebatch.api import OptimizerSpec
 from largebatch_trainer import optim
@@ -80,6 +79,8 @@ def step_tiny(optimizer, model, grads, lr, coefficients=None) -> None:
 
 
 def test_a_lamb_step_is_the_papers_update():
+    from pytorch_optimizer import Lamb  # here, not at the top: every xdist worker collects this module
+
     model = tiny()
     spec = OptimizerSpec(name="lamb", lr=0.01, weight_decay=0.1, betas=[0.9, 0.999], eps=1e-6)
     optimizer = optim.build(spec, model)
