@@ -65,13 +65,14 @@ def slowest(found: list[dict], count: int) -> str:
 
 
 def lane_seconds(runs: list[list[dict]]) -> str:
-    """tests/lane_seconds.json: each test's wall seconds (its id without the xdist group), the mean over
-    the runs that ran it, which tests/conftest.py lays the tests out by."""
+    """tests/lane_seconds.json: each test of the last run (its id without the xdist group) with its wall
+    seconds, the mean over the runs that ran it, which tests/conftest.py lays the tests out by."""
     walls: dict[str, list[float]] = defaultdict(list)
     for found in runs:
         for row in found:
             walls[row["test"].split("@")[0]].append(row["wall_s"])
-    seconds = {test: round(sum(its) / len(its), 1) for test, its in walls.items()}
+    last = {row["test"].split("@")[0] for row in runs[-1]}
+    seconds = {test: round(sum(its) / len(its), 1) for test, its in walls.items() if test in last}
     return json.dumps(dict(sorted(seconds.items())), indent=0) + "\n"
 
 
