@@ -94,30 +94,28 @@ def deal_e2e(
     return lane_of
 
 
-def hand_out_order(
-    tests: list[str], lane_of: dict[str, str], unit_of: dict[str, str], seconds: dict[str, float]
-) -> list[str]:
+def hand_out_order(tests: list[str], group_of: dict[str, str], seconds: dict[str, float]) -> list[str]:
     """The order in which xdist hands the tests out (`--dist loadgroup --no-loadscope-reorder`: one work
-    unit to each worker, then the next unit to whichever worker has no more than two tests left). First
-    the e2e lanes (`lane_of`), one unit each, so that each goes to a worker of its own; then the other
-    tests, longest unit first: a test alone, or with the tests it shares a module- or class-scoped fixture
-    with (`unit_of` names the unit; such tests on one worker must not be split up by others, or the
-    fixture is set up again). Longest first to whichever worker is free ends every worker within about
-    one short test of the others, whatever the machine's hour makes of the recorded seconds. A test not
-    in `seconds` counts as the median one. Within a unit the tests keep their order in `tests`."""
+    unit to each worker, then the next unit to whichever worker has no more than two tests left). A unit
+    is an xdist group (`group_of`) or a test alone. First the e2e lanes (the groups named in E2E_LANES),
+    so that each goes to a worker of its own; then the other units longest first: a test alone, or the
+    tests that share a module- or class-scoped fixture (on one worker they must not be split up by
+    others, or the fixture is set up again). Longest first to whichever worker is free ends every worker
+    within about one short test of the others, whatever the machine's hour makes of the recorded seconds.
+    A test not in `seconds` counts as the median one. Within a unit the tests keep their order in `tests`."""
     typical = median(seconds)
-    unit = {test: lane_of.get(test) or unit_of.get(test) or test for test in tests}
+    unit = {test: group_of.get(test, test) for test in tests}
     unit_seconds: dict[str, float] = {}
-    for test in tests:
-        unit_seconds[unit[test]] = unit_seconds.get(unit[test], 0.0) + seconds.get(test, typical)
-    lanes = list(E2E_LANES)
-    rank = {name: (0, lanes.index(name), 0.0) for name in lanes} | {
-        name: (1, 0, -total) for name, total in unit_seconds.items() if name not in E2E_LANES
-    }
     first: dict[str, int] = {}
     for index, test in enumerate(tests):
+        unit_seconds[unit[test]] = unit_seconds.get(unit[test], 0.0) + seconds.get(test, typical)
         first.setdefault(unit[test], index)
-    order = sorted(range(len(tests)), key=lambda i: (rank[unit[tests[i]]], first[unit[tests[i]]], i))
+    lanes = list(E2E_LANES)
+
+    def rank(name: str) -> tuple[int, float]:
+        return (0, lanes.index(name)) if name in E2E_LANES else (1, -unit_seconds[name])
+
+    order = sorted(range(len(tests)), key=lambda i: (rank(unit[tests[i]]), first[unit[tests[i]]], i))
     return [tests[i] for i in order]
 
 
@@ -159,11 +157,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     from tests.cluster import images
 
     lane_of = deal_e2e(e2e_lane, seconds, {"e2e-node": IMAGES_SECONDS[images.readiness()]}, e2e_dealt)
-    unit_of = {
+    group_of = lane_of | {
         item.nodeid: unit for item in items if item.nodeid not in lane_of and (unit := shared_fixture_unit(item))
     }
-    group_of = lane_of | unit_of
-    order = hand_out_order([item.nodeid for item in items], lane_of, unit_of, seconds)
+    order = hand_out_order([item.nodeid for item in items], group_of, seconds)
     position = {test: index for index, test in enumerate(order)}
     items.sort(key=lambda item: position[item.nodeid])
     for item in items:

@@ -64,15 +64,19 @@ def slowest(found: list[dict], count: int) -> str:
     return "\n".join(lines)
 
 
+def test_id(row: dict) -> str:
+    """A test's id without the xdist group that `--dist loadgroup` appends to it."""
+    return row["test"].split("@")[0]
+
+
 def lane_seconds(runs: list[list[dict]]) -> str:
     """tests/lane_seconds.json: each test of the last run (its id without the xdist group) with its wall
     seconds, the mean over the runs that ran it, which tests/conftest.py lays the tests out by."""
     walls: dict[str, list[float]] = defaultdict(list)
     for found in runs:
         for row in found:
-            walls[row["test"].split("@")[0]].append(row["wall_s"])
-    last = {row["test"].split("@")[0] for row in runs[-1]}
-    seconds = {test: round(sum(its) / len(its), 1) for test, its in walls.items() if test in last}
+            walls[test_id(row)].append(row["wall_s"])
+    seconds = {test: round(sum(walls[test]) / len(walls[test]), 1) for test in map(test_id, runs[-1])}
     return json.dumps(dict(sorted(seconds.items())), indent=0) + "\n"
 
 

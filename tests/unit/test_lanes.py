@@ -61,7 +61,7 @@ def test_each_e2e_lane_gets_a_worker_of_its_own_and_the_rest_end_within_one_unit
     lane_of = {test: data.draw(st.sampled_from(sorted(E2E_LANES))) for test in tests if data.draw(st.booleans())}
     rest = [test for test in tests if test not in lane_of]
     unit_of = {test: data.draw(st.sampled_from(["module_a", "module_b"])) for test in rest if data.draw(st.booleans())}
-    order = hand_out_order(tests, lane_of, unit_of, seconds)
+    order = hand_out_order(tests, lane_of | unit_of, seconds)
     assert sorted(order) == sorted(tests)
     nodes = run_through_xdist(order, lane_of | unit_of, seconds, workers)
     assert sorted(test for node in nodes for test in node.ran) == sorted(tests)
@@ -90,13 +90,13 @@ def test_each_e2e_lane_gets_a_worker_of_its_own_and_the_rest_end_within_one_unit
 
 def test_the_longest_tests_go_first_and_a_test_without_a_recorded_time_counts_as_the_median_one():
     seconds = {"a": 1.0, "b": 2.0, "c": 100.0}
-    order = hand_out_order(["a", "b", "new", "c", "d"], {"d": "e2e-sharing"}, {}, seconds)
+    order = hand_out_order(["a", "b", "new", "c", "d"], {"d": "e2e-sharing"}, seconds)
     assert order == ["d", "c", "b", "new", "a"]
 
 
 def test_the_tests_that_share_a_fixture_go_out_together_by_their_summed_seconds():
     seconds = {"m::1": 30.0, "m::2": 30.0, "solo": 50.0, "n": 1.0}
-    order = hand_out_order(["m::1", "solo", "n", "m::2"], {}, {"m::1": "m", "m::2": "m"}, seconds)
+    order = hand_out_order(["m::1", "solo", "n", "m::2"], {"m::1": "m", "m::2": "m"}, seconds)
     assert order == ["m::1", "m::2", "solo", "n"]
 
 
