@@ -13,10 +13,15 @@ import pytest
 import torch
 
 from largebatch_trainer import export
-from largebatch_trainer.tasks import load_task
 from largebatch_trainer.token_files import TokenMeta
 from tests.helpers import bound
-from tests.integration.hf_helpers import make_tokenizer, texts
+from tests.integration.hf_helpers import (
+    SEESAW,
+    VOCAB,
+    assert_loads_with_the_trainers_logits,
+    causal_lm_job,
+    prepare_corpus,
+)
 from tests.integration.memory_limit import MemoryLimit
 from tests.integration.trainer_helpers import (
     LBCTL,
@@ -26,52 +31,14 @@ from tests.integration.trainer_helpers import (
     params,
     relative_distance,
     run_standalone,
-    spec_of,
-    write_job,
 )
 
 pytestmark = pytest.mark.integration
 
-VOCAB = 512
-NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-MODELS = {
-    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64} | NO_DROPOUT,
-    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64},
-}  # fmt: skip
-# Not capped at the critical batch: the noise scale is measured differently at each world size, so a cap
-# would make the two runs' batches, not only their float rounding, differ.
-SEESAW = {"type": "seesaw", "seesaw": {"capAtCriticalBatch": False}}
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """A token file of the standard library's first 40 modules, made as a user makes one."""
-    directory = tmp_path_factory.mktemp("corpus")
-    tokenizer = make_tokenizer(directory / "tokenizer", VOCAB)
-    out = directory / "train.bin"
-    command = [*LBCTL, "prepare-data", *map(str, texts(40)), "--tokenizer", str(tokenizer), "--out", str(out),
-               "--workers", "2"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=bound(300))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "tokens in 40 documents" in result.stdout
-    return out
-
-
-def causal_lm_job(tmp_path: Path, name: str, model_type: str, data: Path, **spec) -> Path:
-    task = {
-        "entrypoint": "largebatch_trainer.tasks:causal_lm",
-        "args": {"modelType": model_type, "config": MODELS[model_type], "data": str(data), "context": 32},
-    }
-    settings = {
-        "batch": {"initial": 8, "max": 24, "microBatchPerDevice": 4, "policy": SEESAW},
-        # SGD: Adam's update has the size of the LR even where the gradient is float noise (GPT-2's key bias,
-        # to which softmax is blind), which would make runs at two world sizes differ by the LR, not by eps.
-        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
-        "schedule": {"totalSamples": 480, "warmupSamples": 48},
-        "evaluation": {"everySamples": 480, "samples": 32},
-    }
-    return write_job(tmp_path, name, task=task, **(settings | spec))
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])
@@ -97,19 +64,12 @@ def test_a_tiny_model_trains_the_same_at_world_sizes_1_and_3_and_loads_back(tmp_
     assert relative_distance(params(got), params(state)) < 3e-5
 
     # The model written at the end is the trainer's final model, as transformers loads it.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     saved = checkpoints / export.MODEL_DIR
     assert f"The trained model, in its own format: {saved}" in result.stdout
     assert (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
-    loaded = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True)
-    spec = spec_of(job)
-    task = load_task(spec.task.entrypoint, spec.task.args, spec.task.seed)
-    task.model.load_state_dict(params(state))
-    task.model.eval()
-    window = task.eval_dataset[0][None, :-1]
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(window).logits, task.model(window).logits, rtol=0, atol=0)
+    assert_loads_with_the_trainers_logits(saved, job, params(state))
     tokenizer = AutoTokenizer.from_pretrained(saved, local_files_only=True)
     assert len(tokenizer) == VOCAB and tokenizer.eos_token == "<|endoftext|>"
 

@@ -17,7 +17,7 @@ from largebatch.local.nodes import descendants, kill_tree  # noqa: F401 (re-expo
 from largebatch_trainer import checkpoint
 from largebatch_trainer.main import NAME_PREFIX
 from tests import zygote
-from tests.helpers import bound, merge, spec_dict
+from tests.helpers import bound, free_port, merge, spec_dict
 
 PYTHON = sys.executable
 
@@ -78,6 +78,31 @@ def run_standalone(
     if check:
         assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
+
+
+def run_nodes(job: Path, nodes: int, nproc: int, timeout: float = 300, env: dict[str, str] | None = None) -> None:
+    """`nodes` torchrun agents of `nproc` gloo workers each, as worker pods of `nproc` devices run them
+    (a c10d rendezvous hosted by the first), all until they end; a run that fails fails the test."""
+    port = free_port()
+    args = [
+        f"--nnodes={nodes}", f"--nproc-per-node={nproc}", "--max-restarts=0", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nodes", f"--log-dir={job.with_name('torchelastic')}",
+        "-m", "largebatch_trainer", "--job", str(job),
+    ]  # fmt: skip
+    logs = [job.with_name(f"{job.stem}-node{n}.log") for n in range(nodes)]
+    agents = [
+        zygote.shared().start("largebatch_trainer.torchrun", args, trainer_env() | (env or {}), Path.cwd(), log)
+        for log in logs
+    ]
+    try:
+        for agent in agents:
+            agent.wait(bound(timeout))
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    for agent, log in zip(agents, logs, strict=True):
+        assert agent.returncode == 0, f"a node failed:\n{log.read_text(errors='replace')[-6000:]}"
 
 
 def final_state(checkpoint_dir: Path) -> dict:

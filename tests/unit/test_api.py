@@ -121,6 +121,11 @@ def test_examples_are_valid_jobs(name):
             "precision=fp32, accelerator=nvidia.com/gpu",
         ),
         (
+            {"parallelism": {"dataParallel": "hybrid"}, "workers": {"devicesPerWorker": 1}},
+            "parallelism.dataParallel hybrid shards within a worker pod's devicesPerWorker ranks and needs 2 or more",
+            "devicesPerWorker=1",
+        ),
+        (
             {"gradientAllReduce": "bf16"},  # the base spec trains on the CPU: fp32 by default
             "set precision to bf16 or gradientAllReduce to fp32",
             "precision=unset, so fp32, accelerator=none",
@@ -194,6 +199,7 @@ candidate_specs = st.fixed_dictionaries(
         "workers": st.fixed_dictionaries(
             {"min": st.integers(1, 6), "max": st.integers(1, 6)},
             optional={
+                "devicesPerWorker": st.integers(1, 3),
                 "accelerator": st.sampled_from(["nvidia.com/gpu", "google.com/tpu", "none"]),
                 "pod": st.fixed_dictionaries({"volumes": st.lists(data_volumes, max_size=3)}),
             },
@@ -248,6 +254,9 @@ candidate_specs = st.fixed_dictionaries(
         "precision": st.sampled_from(["fp32", "bf16"]),
         "gradientAllReduce": st.sampled_from(["fp32", "bf16"]),
         "checkpoint": st.fixed_dictionaries({"path": st.sampled_from(["/ckpt", "/data"])}),
+        "parallelism": st.fixed_dictionaries(
+            {}, optional={"dataParallel": st.sampled_from(["replicate", "shard", "hybrid"])}
+        ),
     },
 )
 

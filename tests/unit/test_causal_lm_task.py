@@ -153,3 +153,19 @@ def test_the_example_names_the_task_args_as_the_task_reads_them(tmp_path):
     built = load_task(example.entrypoint, args, example.seed)
     assert built.model.config.n_positions == 1024 and built.model.config.resid_pdrop == 0.0
     assert len(built.eval_dataset) == 31
+
+
+def test_the_hybrid_example_shards_the_models_own_decoder_layers(tmp_path):
+    """examples/hf-llama-hybrid.yaml, its model shrunk: the units a sharded job wraps are the classes the
+    model lists in `_no_split_modules` (as Hugging Face's FSDP integration reads them), one a layer."""
+    example = jobfile.load(Path(__file__).parents[2] / "examples" / "hf-llama-hybrid.yaml").spec
+    assert example.parallelism.data_parallel == "hybrid" and example.workers.devices_per_worker == 8
+    small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
+             "num_key_value_heads": 1}  # fmt: skip
+    args = dict(example.task.args)
+    args |= {"data": token_file(tmp_path, np.arange(5000) % 100), "context": 16, "config": args["config"] | small,
+             "evalData": token_file(tmp_path, np.arange(500) % 100, name="val.bin")}  # fmt: skip
+    built = load_task(example.task.entrypoint, args, example.task.seed)
+    units = built.shard_units(built.model)
+    assert [type(unit).__name__ for unit in units] == ["LlamaDecoderLayer"] * 3
+    assert set(built.model._no_split_modules) == {"LlamaDecoderLayer"}

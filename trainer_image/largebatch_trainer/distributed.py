@@ -17,6 +17,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # ranks of this process's agent (worker pod)
     restart_count: int = 0
 
     @classmethod
@@ -26,6 +27,7 @@ class DistEnv:
             rank=int(env.get("RANK", 0)),
             world_size=int(env.get("WORLD_SIZE", 1)),
             local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
         )
 

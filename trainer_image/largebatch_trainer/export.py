@@ -50,13 +50,20 @@ def from_checkpoint(spec: LargeBatchJobSpec, checkpoint_dir: Path, step: int | N
             raise SetupError(f"no intact checkpoint in {checkpoint_dir}")
         path, payload = found
     else:
-        path = checkpoint.path_for(checkpoint_dir, step)
-        if not path.exists():
-            steps = [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(checkpoint_dir)]
+        held = {checkpoint.step_of(p): p for p in checkpoint.all_checkpoints(checkpoint_dir)}
+        path = held.get(step)
+        if path is None:
+            steps = sorted(held)
             raise SetupError(f"no checkpoint of step {step} in {checkpoint_dir}; it holds steps {steps or 'none'}")
         try:
             payload = checkpoint.load(path)
         except checkpoint.CheckpointError as exc:
             raise SetupError(str(exc)) from None
-    task.model.load_state_dict(payload["model"])
-    return payload["progress"]["step"], write(task, task.model, out)
+    return payload["progress"]["step"], write_state(task, payload["model"], out)
+
+
+def write_state(task: Task, state: dict[str, torch.Tensor], out: Path) -> Path:
+    """Load the whole model `state` into the freshly built `task`'s model and write that to `out` (how a
+    sharded model is written: gathered whole, into an unsharded copy)."""
+    task.model.load_state_dict(state)
+    return write(task, task.model, out)

@@ -132,6 +132,7 @@ def _run_trainer(argv: list[str], env: dict[str, str], stdout, stderr, in_sessio
         sys.stderr.reconfigure(line_buffering=True)
         os.environ.clear()
         os.environ.update(env)
+        _threads_after_fork()
         sys.argv = [MODULE, *argv]
         from largebatch_trainer.main import run
 
@@ -147,6 +148,16 @@ def _run_trainer(argv: list[str], env: dict[str, str], stdout, stderr, in_sessio
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _threads_after_fork() -> None:
+    """The worker's own thread count, set here, on its only thread. A fork leaves torch's thread pool to
+    be rebuilt by the first thread that sets a thread count, and every thread the autograd engine starts
+    sets one: two starting at once (a sharded model's first backward pass) could rebuild it together, one
+    finding no pool ("Invalid thread pool!", an abort). Rebuilt here first, they find it whole."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
 
 
 def _exit_code(code) -> int:

@@ -65,9 +65,10 @@ class NoiseScale:
 # norms of preconditioned gradients, |P ⊙ G_B|², give tr(P Σ P)/|P ⊙ G|².
 
 
-def preconditioners(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor] | None:
-    """P = 1/(sqrt(v̂) + eps) of each parameter with second-moment state, keyed by its data pointer (DDP's
-    buckets hand out other tensor objects for the same parameters); None before the first step."""
+def preconditioners(optimizer: torch.optim.Optimizer, key=torch.Tensor.data_ptr) -> dict[int, torch.Tensor] | None:
+    """P = 1/(sqrt(v̂) + eps) of each parameter with second-moment state, keyed by `key(parameter)`: its data
+    pointer by default (DDP's buckets hand out other tensor objects for the same parameters); None before
+    the first step."""
     weights = {}
     for group in optimizer.param_groups:
         eps, beta2 = group.get("base_eps", group.get("eps")), group["betas"][1]
@@ -88,7 +89,7 @@ def preconditioners(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]
             else:
                 correction = 1.0 - beta2**step
             with torch.no_grad():
-                weights[p.data_ptr()] = 1.0 / (state["exp_avg_sq"].div(correction).sqrt_().add_(eps))
+                weights[key(p)] = 1.0 / (state["exp_avg_sq"].div(correction).sqrt_().add_(eps))
     return weights or None
 
 

@@ -32,14 +32,24 @@ lr × λ is what it was at the base width.
 
 `fused`: torch's fused kernels for SGD and AdamW (one kernel launch for all parameters), which the
 trainer asks for on CUDA; pytorch-optimizer's LAMB and LARS have none and run as they are.
+
+Sharded parameters (DTensors, `largebatch_trainer.sharding`): torch's SGD and AdamW step each rank's shard
+as they are, being elementwise. LAMB's and LARS's trust ratios need each weight's whole norm: the
+library takes it with `torch.linalg.norm`, which on a shard gives a partial norm that its in-place clamp
+refuses. `_whole_norms` answers those calls, during their step only, with the whole tensor's norm (the
+shards' squared norms summed across the shard group in one all-reduce per tensor), replicated on every
+rank; the library's batched (`foreach`) path, which DTensor does not support, is turned off for them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
+import torch.distributed as dist
 from mup.optim import MuAdam, MuSGD
+from torch.distributed.tensor import DTensor, Replicate
 
 from largebatch.api import OptimizerSpec
 
@@ -81,7 +91,43 @@ def build(spec: OptimizerSpec, model: torch.nn.Module, fused: bool = False) -> t
         optimizer = LARS(_plain(groups), lr=spec.lr, momentum=spec.momentum, trust_coefficient=spec.trust_coefficient)
     for group in optimizer.param_groups:
         group["base_weight_decay"], group["base_eps"] = group["weight_decay"], group.get("eps")
+    if spec.name in ("lamb", "lars") and any(isinstance(p, DTensor) for p in model.parameters()):
+        _with_whole_norms(optimizer)
     return optimizer
+
+
+def _with_whole_norms(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's layer-wise norms of sharded tensors taken over the whole tensor (module docstring)."""
+    for group in optimizer.param_groups:
+        group["foreach"] = False
+    step = optimizer.step
+
+    def step_with_whole_norms(*args, **kwargs):
+        with _whole_norms():
+            return step(*args, **kwargs)
+
+    optimizer.step = step_with_whole_norms
+
+
+@contextlib.contextmanager
+def _whole_norms():
+    norm = torch.linalg.norm
+
+    def whole(tensor, *args, **kwargs):
+        if not isinstance(tensor, DTensor) or args or kwargs:
+            return norm(tensor, *args, **kwargs)
+        squared = norm(tensor.to_local()).square()
+        mesh = tensor.device_mesh
+        for dim, placement in enumerate(tensor.placements):
+            if placement.is_shard():
+                dist.all_reduce(squared, group=mesh.get_group(dim))
+        return DTensor.from_local(squared.sqrt(), mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+    torch.linalg.norm = whole
+    try:
+        yield
+    finally:
+        torch.linalg.norm = norm
 
 
 def is_mup(model: torch.nn.Module) -> bool:

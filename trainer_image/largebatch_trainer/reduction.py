@@ -26,6 +26,7 @@ class StepStats:
     smalls: float = 0.0  # the number of small batches
     stop: float = 0.0  # ranks that SIGTERM/SIGINT asked to stop
     samples: float = 0.0  # samples run
+    shard_sq: torch.Tensor | float = 0.0  # sharded: Σ |this rank's shard of G|², for |G|² (`sharding`)
 
     def pack(self, device: torch.device) -> torch.Tensor:
         fields = dataclasses.fields(self)

@@ -51,6 +51,7 @@ from largebatch.api.spec import (  # noqa: F401
     LargeBatchJobSpec,
     MetricsSpec,
     OptimizerSpec,
+    ParallelismSpec,
     ScheduleSpec,
 )
 from largebatch.api.status import (  # noqa: F401

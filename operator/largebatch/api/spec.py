@@ -117,6 +117,18 @@ class CheckpointSpec(_Model):
     """Newest checkpoints kept; older ones are deleted."""
 
 
+class ParallelismSpec(_Model):
+    """How the ranks divide the model's state (docs/trainer.md, "Sharded data parallel")."""
+
+    data_parallel: Literal["replicate", "shard", "hybrid"] = "replicate"
+    """`replicate`: every rank holds the whole model, its gradients and optimizer state (DDP), and rank 0
+    writes each checkpoint whole. `shard`: FSDP2 over every rank, each holding 1/world of the parameters,
+    gradients and optimizer state (a block is gathered only while it computes), every rank writing its own
+    shard of each checkpoint. `hybrid`: HSDP, sharded within a worker pod (its `devicesPerWorker` ranks)
+    and replicated across pods, so a rescale changes only the replicated dimension. The gradient is the same
+    sum over the global batch in every mode; checkpoints of any mode load at any world size."""
+
+
 class MetricsSpec(_Model):
     """Prometheus metrics served by every worker."""
 
@@ -145,6 +157,8 @@ class LargeBatchJobSpec(_Model):
     """Checkpointing."""
     metrics: MetricsSpec = _sub(MetricsSpec)
     """Metrics endpoint."""
+    parallelism: ParallelismSpec = _sub(ParallelismSpec)
+    """How the ranks hold the model: replicated (the default) or sharded."""
     priority: int = Field(default=0, ge=-1000, le=1000)
     """Where the job stands when jobs share too few accelerators (the operator's allocator, higher first):
     a job of higher priority gets every accelerator it can use before a lower one gets more than its
@@ -168,6 +182,7 @@ class LargeBatchJobSpec(_Model):
     """Blocks that define the training math: the API server refuses to change them on an existing job."""
     read_at_start: ClassVar[tuple[str, ...]] = (
         "precision", "gradient_all_reduce", "evaluation", "checkpoint", "metrics", "workers.accelerator",
+        "parallelism",
     )  # fmt: skip
     """What else the workers read from the job file the operator writes when the job starts (its
     ConfigMap, written once: a rewritten file would reach a running round's ranks at different moments,
@@ -244,6 +259,16 @@ class LargeBatchJobSpec(_Model):
                 f"precision={s.precision or f'unset, so {s.resolved_precision}'}, accelerator={s.workers.accelerator}"
             ),
             ".gradientAllReduce",
+        ),
+        Rule(
+            "!has(self.parallelism) || !has(self.parallelism.dataParallel) || "
+            "self.parallelism.dataParallel != 'hybrid' || (has(self.workers) && has(self.workers.devicesPerWorker) "
+            "&& self.workers.devicesPerWorker >= 2)",
+            "parallelism.dataParallel hybrid shards within a worker pod's devicesPerWorker ranks and needs 2 or "
+            "more: set workers.devicesPerWorker >= 2, or use shard to shard over every rank",
+            lambda s: s.parallelism.data_parallel != "hybrid" or s.workers.devices_per_worker >= 2,
+            lambda s: f"devicesPerWorker={s.workers.devices_per_worker}",
+            ".parallelism.dataParallel",
         ),
     )
 

@@ -13,7 +13,9 @@ returns a `Task`:
 - optionally `eval_dataset` (held-out samples), `tokens_per_sample` (for tokens/s),
   `accuracy(model, batch) -> (correct, count)` for a classifier (reported as `evalAccuracy`) and
   `save_model(model, directory)`, which writes the model in its own format (rank 0 calls it into
-  `<checkpoint.path>/model` at the end of training; `lbctl export` from any checkpoint).
+  `<checkpoint.path>/model` at the end of training; `lbctl export` from any checkpoint), and
+  `shard_units(model) -> [module, ...]`, the blocks that `parallelism.dataParallel: shard | hybrid` shards
+  each as a unit of its own (gathered only while it computes; `blocks_of_classes` picks them by class).
 
 The built-in tasks are `largebatch_trainer.tasks:pylm`, `largebatch_trainer.tasks:linreg` and
 `largebatch_trainer.tasks:digits` (a small ResNet with BatchNorm; needs `largebatch[digits]`),
@@ -63,6 +65,15 @@ class Task:
     """(samples classified right, samples) over a held-out batch, the model in eval mode."""
     save_model: Callable[[torch.nn.Module, Path], None] | None = None
     """Write the trained model in its own format (e.g. `save_pretrained`) into a new directory."""
+    shard_units: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
+    """The modules a sharded job wraps each as one FSDP unit: the model's repeated blocks, so that one
+    block's parameters are gathered at a time. None: the whole model is one unit."""
+
+
+def blocks_of_classes(*names: str) -> Callable[[torch.nn.Module], list[torch.nn.Module]]:
+    """`shard_units` for a model whose blocks are the modules of the classes `names` (the way Hugging
+    Face models list theirs, in `_no_split_modules`)."""
+    return lambda model: [m for m in model.modules() if type(m).__name__ in names]
 
 
 def load_task(entrypoint: str, args: dict[str, Any], seed: int) -> Task:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from largebatch.errors import TaskError
-from largebatch_trainer.tasks import Pairs, Task
+from largebatch_trainer.tasks import Pairs, Task, blocks_of_classes
 
 HELD_OUT_EVERY = 5
 CLASSES = 10
@@ -104,4 +104,5 @@ def build(width: int = 16, blocks: int = 2, zeroInitResidual: bool = True) -> Ta
         loss=loss,
         eval_dataset=load(held_out=True),
         accuracy=accuracy,
+        shard_units=blocks_of_classes(BasicBlock.__name__),
     )

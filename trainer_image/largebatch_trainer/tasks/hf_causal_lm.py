@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from largebatch.errors import TaskError
-from largebatch_trainer.tasks import Task
+from largebatch_trainer.tasks import Task, blocks_of_classes
 from largebatch_trainer.token_files import TokenMeta, TokenWindows, read_meta
 
 IGNORE = -100
@@ -145,6 +145,8 @@ def build(
         eval_dataset=held_out if held_out is not None and len(held_out) else None,
         tokens_per_sample=context,
         save_model=lambda trained, out: save(trained, out, meta),
+        # The decoder layers, as the model names them for Hugging Face's own FSDP wrapping.
+        shard_units=blocks_of_classes(*(getattr(module, "_no_split_modules", None) or ())),
     )
 
 

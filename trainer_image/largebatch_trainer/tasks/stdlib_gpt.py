@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from largebatch.errors import TaskError
-from largebatch_trainer.tasks import Task
+from largebatch_trainer.tasks import Task, blocks_of_classes
 
 HELD_OUT_EVERY = 20
 PARAMETRIZATIONS = ("standard", "mup")
@@ -150,6 +150,7 @@ def build(
         loss=loss,
         eval_dataset=Windows(corpus(held_out=True), context),
         tokens_per_sample=context,
+        shard_units=blocks_of_classes(Block.__name__),
     )
 
 
