@@ -95,12 +95,14 @@ def test_every_mode_trains_the_parameters_of_the_single_process_run(tmp_path, mo
         ({"name": "lamb", "lr": 0.01, "weightDecay": 0.01}, {}),
         ({"name": "lars", "lr": 0.5, "momentum": 0.9, "weightDecay": 5e-4}, {}),
         ({"name": "adamw", "lr": 0.01}, {"parametrization": "mup", "baseWidth": 8}),
+        ({"name": "sgd", "lr": 0.05, "momentum": 0.9, "maxGradNorm": 0.05}, {}),
     ],
-    ids=["lamb", "lars", "mup-adamw"],
+    ids=["lamb", "lars", "mup-adamw", "sgd-clipped"],
 )
-def test_trust_ratios_and_mup_are_the_replicated_ones_when_sharded(tmp_path, optimizer, task_args):
-    """LAMB's and LARS's layer-wise norms of sharded weights are taken over the whole weight (DTensor
-    reduces them across the shards), and μP's per-layer LRs and readout multiplier survive sharding."""
+def test_trust_ratios_mup_and_clipping_are_the_replicated_ones_when_sharded(tmp_path, optimizer, task_args):
+    """LAMB's and LARS's layer-wise norms of sharded weights are taken over the whole weight (the shards'
+    squares summed across the ranks), μP's per-layer LRs and readout multiplier survive sharding, and
+    gradient clipping takes the whole gradient's norm."""
     task = {**GPT, "args": GPT["args"] | task_args}
     reference = job(tmp_path, "reference", micro=1000, optimizer=optimizer, task=task)
     run_standalone(reference, 0)
@@ -109,9 +111,14 @@ def test_trust_ratios_and_mup_are_the_replicated_ones_when_sharded(tmp_path, opt
     expected, got = final_state(tmp_path / "reference-ckpt"), final_state(tmp_path / "candidate-ckpt")
     assert got["progress"]["samples"] == expected["progress"]["samples"] == 240
     # Over the whole model, not element by element: an Adam-like step has the size of the LR even where the
-    # gradient is float noise (the attention's key bias, to which softmax is blind: 7e-6 apart there, in
-    # the sums' order). A sample lost or a trust ratio of a shard instead of the weight is 1e-3 or more.
+    # gradient is float noise (the attention's key bias, to which softmax is blind: 7e-6 apart there, the
+    # sums taken in another order).
     assert relative_distance(params(got), params(expected)) < 1e-5
+    if "maxGradNorm" in optimizer:  # it clipped: the same job unclipped trains other parameters
+        plain = {key: value for key, value in optimizer.items() if key != "maxGradNorm"}
+        unclipped = job(tmp_path, "unclipped", micro=1000, optimizer=plain, task=task)
+        run_standalone(unclipped, 0)
+        assert relative_distance(params(final_state(tmp_path / "unclipped-ckpt")), params(expected)) > 1e-3
     assert relative_distance(params(got), load_task(task["entrypoint"], task["args"], 0).model.state_dict()) > 1e-3
 
 

@@ -252,3 +252,14 @@ def test_the_agent_imports_pytorch_optimizer_only_for_a_job_that_asks_for_lamb_o
     )
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     assert out.split("\n")[-2] == "[] False True", out
+
+
+def test_clipping_scales_a_gradient_above_the_bound_to_it_and_leaves_one_below_alone():
+    layer = torch.nn.Linear(3, 2)
+    for scale, expected in ((10.0, 1.0), (1e-3, None)):
+        for p in layer.parameters():
+            p.grad = torch.full_like(p, scale)
+        before = torch.cat([p.grad.flatten() for p in layer.parameters()]).norm()
+        optim.clip_gradients(list(layer.parameters()), 1.0)
+        after = torch.cat([p.grad.flatten() for p in layer.parameters()]).norm()
+        assert math.isclose(after, expected if expected else before, rel_tol=1e-5), (scale, before, after)

@@ -315,6 +315,8 @@ class Trainer:
         # The all-reduce overlaps the optimizer step; nothing below needs it until after the step.
         pending = dist.all_reduce(packed, async_op=True) if world > 1 else None
         global_sq = self._global_sq(micro_norms, params, weights)
+        if spec.optimizer.max_grad_norm:  # after the noise scale's norms: it measures the gradient as computed
+            optim.clip_gradients(params, spec.optimizer.max_grad_norm)
         # Here, not before the backward: the preconditioned estimator has read the moments as they stand.
         optim.set_lr(self.optimizer, plan.lr, plan.betas, plan.eps)
         self.optimizer.step()

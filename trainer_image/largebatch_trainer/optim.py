@@ -96,6 +96,16 @@ def build(spec: OptimizerSpec, model: torch.nn.Module, fused: bool = False) -> t
     return optimizer
 
 
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> None:
+    """Scale the step's gradient down to `max_norm` when its global norm is larger. A sharded model's
+    gradients are DTensors: their norm is taken over every shard (the ranks' squares summed)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
 def _with_whole_norms(optimizer: torch.optim.Optimizer) -> None:
     """The optimizer's layer-wise norms of sharded tensors taken over the whole tensor (module docstring)."""
     for group in optimizer.param_groups:

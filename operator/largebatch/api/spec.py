@@ -60,6 +60,10 @@ class OptimizerSpec(_Model):
     """Moment coefficients (beta1, beta2) of `adamw` and `lamb`."""
     eps: float = Field(default=1e-8, gt=0.0, le=1.0)
     """Denominator epsilon of `adamw` and `lamb`."""
+    max_grad_norm: float | None = Field(default=None, gt=0.0, le=1e6)
+    """Clip the gradient to this global norm before each step (the whole model's gradient over the global
+    batch, after its reduction: the same norm in every `parallelism.dataParallel` mode and at every world
+    size). Unset: no clipping."""
     moments: Literal["perSample", "perStep"] = "perSample"
     """How `betas` and `eps` of `adamw` and `lamb` follow the batch. `perSample`: they were tuned at
     `baseBatch`, and at k = B/baseBatch times that batch each beta becomes beta**k and eps becomes eps/sqrt(k),
