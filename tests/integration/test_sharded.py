@@ -44,13 +44,14 @@ GPT = {"entrypoint": "largebatch_trainer.tasks:pylm", "args": {"width": 16, "dep
 
 
 def job(tmp_path, name, mode="replicate", micro=2, **spec):
-    """A hybrid job's pods have two ranks each (run as two-rank torchrun agents: `run`)."""
+    """A hybrid job's pods have two ranks each (run as two-rank torchrun agents: `run`). `spec`'s blocks
+    replace the defaults (a `batch` given keeps `micro`)."""
     return write_job(
         tmp_path,
         name,
         **{
             "task": GPT,
-            "batch": {**POLICY, "microBatchPerDevice": micro},
+            "batch": {**spec.pop("batch", POLICY), "microBatchPerDevice": micro},
             "schedule": SCHEDULE,
             "parallelism": {"dataParallel": mode},
             "workers": {"devicesPerWorker": 2 if mode == "hybrid" else 1},
@@ -67,17 +68,23 @@ def run(path, mode: str, world: int) -> None:
         run_standalone(path, world)
 
 
+# Batch 6 on 4 ranks in micro-batches of 1 is 2 + 2 + 1 + 1 samples in 2 micro-steps a rank, the last two
+# ranks' second one empty: they still join its reduce-scatter. 10 steps.
+EMPTY_MICRO_STEPS = {
+    "batch": {"initial": 6, "max": 6, "policy": {"type": "constant"}},
+    "schedule": SCHEDULE | {"totalSamples": 60},
+}
+
+
 @pytest.mark.parametrize(
-    ("mode", "world", "micro"),
-    [("replicate", 3, 2), ("shard", 3, 2), ("hybrid", 4, 2), ("shard", 4, 1)],
+    ("mode", "world", "micro", "spec"),
+    [("replicate", 3, 2, {}), ("shard", 3, 2, {}), ("hybrid", 4, 2, {}), ("shard", 4, 1, EMPTY_MICRO_STEPS)],
     ids=["replicate-3", "shard-3", "hybrid-2x2", "shard-4-empty-micro-steps"],
 )
-def test_every_mode_trains_the_parameters_of_the_single_process_run(tmp_path, mode, world, micro):
-    """[shard-4-empty-micro-steps]: batch 10 on 4 ranks in micro-batches of 1 is 3 + 3 + 2 + 2 samples in 3
-    micro-steps a rank, the last two ranks' third one empty: they still join its reduce-scatter."""
-    reference = job(tmp_path, "reference", micro=1000)
+def test_every_mode_trains_the_parameters_of_the_single_process_run(tmp_path, mode, world, micro, spec):
+    reference = job(tmp_path, "reference", micro=1000, **spec)
     run_standalone(reference, 0)
-    candidate = job(tmp_path, "candidate", mode, micro)
+    candidate = job(tmp_path, "candidate", mode, micro, **spec)
     run(candidate, mode, world)
     expected, got = final_state(tmp_path / "reference-ckpt"), final_state(tmp_path / "candidate-ckpt")
     assert got["progress"] | {"noise_scale": None} == expected["progress"]
@@ -106,7 +113,7 @@ def test_trust_ratios_mup_and_clipping_are_the_replicated_ones_when_sharded(tmp_
     task = {**GPT, "args": GPT["args"] | task_args}
     reference = job(tmp_path, "reference", micro=1000, optimizer=optimizer, task=task)
     run_standalone(reference, 0)
-    candidate = job(tmp_path, "candidate", "shard", optimizer=optimizer, task=task)
+    candidate = job(tmp_path, "candidate", "shard", micro=1000, optimizer=optimizer, task=task)  # 4 + 3 + 3
     run_standalone(candidate, 3)
     expected, got = final_state(tmp_path / "reference-ckpt"), final_state(tmp_path / "candidate-ckpt")
     assert got["progress"]["samples"] == expected["progress"]["samples"] == 240
@@ -133,9 +140,7 @@ def test_the_noise_scale_is_measured_as_the_replicated_run_measures_it(tmp_path,
     measured = {}
     batch = {**POLICY, "policy": POLICY["policy"] | {"criticalBatch": {"estimator": estimator}}}
     for mode in ("replicate", "shard"):
-        run_standalone(
-            job(tmp_path, mode, mode, micro=1000, optimizer=optimizer, batch=batch | {"microBatchPerDevice": 1000}), 3
-        )
+        run_standalone(job(tmp_path, mode, mode, micro=1000, optimizer=optimizer, batch=batch), 3)
         measured[mode] = final_state(tmp_path / f"{mode}-ckpt")["noise"]
     assert measured["replicate"]["weight"] > 0
     for key in ("g_sq", "trace", "weight"):
@@ -155,13 +160,13 @@ def resume_from(tmp_path, source_dir, step: int, name: str, mode: str, world: in
     else:
         shutil.copy(saved, target)
         shutil.copy(checkpoint.manifest_for(saved), target)
-    resumed = job(tmp_path, name, mode, checkpoint=RESUMABLE)
+    resumed = job(tmp_path, name, mode, micro=1000, checkpoint=RESUMABLE)
     run(resumed, mode, world)
     return final_state(target)
 
 
 def test_a_checkpoint_of_four_ranks_resumes_on_three_and_in_another_mode(tmp_path):
-    whole = job(tmp_path, "whole", "shard", checkpoint=RESUMABLE)
+    whole = job(tmp_path, "whole", "shard", micro=1000, checkpoint=RESUMABLE)
     run_standalone(whole, 4)
     uninterrupted = final_state(tmp_path / "whole-ckpt")
     assert [checkpoint.step_of(p) for p in checkpoint.all_checkpoints(tmp_path / "whole-ckpt")] == [6, 12, 18]
@@ -179,7 +184,7 @@ def test_a_checkpoint_of_four_ranks_resumes_on_three_and_in_another_mode(tmp_pat
 
 def test_a_replicated_jobs_checkpoint_resumes_sharded(tmp_path):
     """A checkpoint as today's replicated jobs write it (rank 0's whole state, `.pt`) loads into shards."""
-    whole = job(tmp_path, "whole", "replicate", checkpoint=RESUMABLE)
+    whole = job(tmp_path, "whole", "replicate", micro=1000, checkpoint=RESUMABLE)
     run_standalone(whole, 2)
     uninterrupted = final_state(tmp_path / "whole-ckpt")
     assert all(p.suffix == ".pt" for p in checkpoint.all_checkpoints(tmp_path / "whole-ckpt"))
