@@ -135,6 +135,11 @@ class Trainer:
             "plan": stateful.Attribute(self, "plan_status", _dump_plan, _load_plan, optional=True),
         }
 
+    def _parts_besides_tensors(self) -> dict[str, stateful.Stateful]:
+        """The parts other than the model and the optimizer: what a sharded checkpoint holds as one blob, and
+        what loads apart from the tensors when the tensors load shard by shard."""
+        return {key: part for key, part in self._parts().items() if key not in ("model", "optimizer")}
+
     def _resume(self) -> None:
         """Load the newest intact checkpoint. Rank 0 lists them and every rank takes the same one: ranks must
         never train from different steps (another writer, or a file that went bad, could make them choose
@@ -178,8 +183,7 @@ class Trainer:
         return None if damaged else payload
 
     def _load(self, path: Path, payload: dict) -> None:
-        parts = self._parts()
-        rest = {key: part for key, part in parts.items() if key not in ("model", "optimizer")}
+        rest = self._parts_besides_tensors()
         if checkpoint.is_sharded(path):
             saved = sharded_checkpoint.read_trainer(path)
             self._check_optimizer_layout(saved["optimizer_layout"], path)
@@ -190,7 +194,7 @@ class Trainer:
             payload = checkpoint.load(path)
         self._check_optimizer_layout(optim.layout(payload["optimizer"]["param_groups"]), path)
         if self.scatter is None:
-            stateful.scatter(parts, payload)
+            stateful.scatter(self._parts(), payload)
         else:  # a replicated job's checkpoint, each rank taking its shard of the whole tensors
             sharded_checkpoint.load_whole(self.module, self.optimizer, payload["model"], payload["optimizer"])
             stateful.scatter(rest, payload)
@@ -227,8 +231,7 @@ class Trainer:
         final = checkpoint.path_for(directory, self.progress.step, sharded=True)
         trainer = None
         if self.env.rank == 0:  # written once: rank 0's RNG, as a replicated job's checkpoint holds
-            parts = self._parts()
-            trainer = stateful.gather({k: v for k, v in parts.items() if k not in ("model", "optimizer")})
+            trainer = stateful.gather(self._parts_besides_tensors())
             trainer["optimizer_layout"] = optim.layout(self.optimizer.param_groups)
         self.saving = sharded_checkpoint.save_async(
             final, self.module, self.optimizer, trainer, self.checkpoint_group,
